@@ -1,0 +1,148 @@
+#pragma once
+// Shard-local kernels of the numerics canon (shared/design/numerics.md): no communication.
+//
+// A shard is the [rows, cols] block of logits one TP rank holds: global vocabulary columns
+// [vocab_start, vocab_start + cols). The vocabulary is cut into tiles of W columns; a shard
+// computes the partials (m, s, u) of the canonical-tree nodes covering its tiles, every rank
+// rebuilds the same roots from everyone's nodes, and backward needs only the roots.
+//
+// Two implementations compute the same bits: the scalar reference (straight from the canon,
+// slow) and the SIMD one (Google Highway, runtime dispatch, multithreaded). Neither keeps any
+// buffer proportional to rows x vocab: no fp32 copy of the logits, no saved softmax.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "detlogp/dtype.hpp"
+
+namespace detlogp {
+
+// A row-major matrix view: element (r, c) is at data + (r * row_stride + c) * dtype_size(dtype).
+// row_stride >= cols (rows may be views into a larger buffer).
+struct LogitsView {
+  const void* data = nullptr;
+  DType dtype = DType::fp32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;  // in elements
+};
+
+struct MutableLogitsView {
+  void* data = nullptr;
+  DType dtype = DType::fp32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;  // in elements
+};
+
+// The tile structure of the whole vocabulary. Depends only on the real vocabulary R and the
+// tile width W, never on the padded size or the TP layout.
+struct TileGeometry {
+  int64_t real_vocab = 0;  // R: columns [R, padded) are padding and never contribute
+  int64_t tile_width = 128;  // W
+
+  int64_t num_real_tiles() const { return (real_vocab + tile_width - 1) / tile_width; }  // T
+  // K: the tree has 2^K leaves, the smallest power of two >= T.
+  int tree_levels() const;
+};
+
+// A node of the canonical tree: covers tiles [index << level, (index + 1) << level).
+struct TreeNode {
+  int32_t level = 0;
+  int64_t index = 0;
+  int64_t first_tile() const { return index << level; }
+  int64_t end_tile() const { return (index + 1) << level; }
+  friend bool operator==(const TreeNode&, const TreeNode&) = default;
+};
+
+// The canonical cover of tiles [tile_begin, tile_end): the maximal aligned dyadic blocks inside
+// it, left to right (at most 2K nodes). Tiles at or beyond T are identities and are left out,
+// so a shard made only of padding tiles has an empty cover.
+std::vector<TreeNode> canonical_cover(const TileGeometry& geometry, int64_t tile_begin,
+                                      int64_t tile_end);
+
+// A partial of a set of columns of one row (numerics.md "Leaf partial"): m = max z,
+// s = sum exp(z - m), u = sum exp(z - m) (z - m). Identity: (-inf, 0, 0).
+struct NodePartial {
+  float m;
+  float s;
+  float u;
+};
+
+// Where a shard sits in the vocabulary.
+struct ShardSpec {
+  int64_t vocab_start = 0;  // global column of local column 0; a multiple of W
+  TileGeometry geometry;
+  float temperature = 1.0f;  // z = fp32(x) / temperature
+};
+
+struct ExecOptions {
+  int threads = 0;  // 0: all hardware threads. The bits never depend on it.
+};
+
+// Roots of a set of rows: LSE and entropy (fp32).
+struct RootsOut {
+  std::span<float> lse;      // [rows]
+  std::span<float> entropy;  // [rows], or empty when entropy is not wanted
+};
+
+// Per-row inputs of the backward kernel.
+struct BackwardInputs {
+  std::span<const float> lse;              // [rows]
+  std::span<const float> entropy;          // [rows]; needed when grad_entropy is given
+  std::span<const int64_t> target_local;   // [rows]: local column of the target when the row
+                                           // is active and this shard owns it, else -1
+  std::span<const float> grad_logp;        // [rows] or empty (not supplied); inactive rows
+                                           // must already be zero
+  std::span<const float> grad_lse;         // [rows] or empty
+  std::span<const float> grad_entropy;     // [rows] or empty
+};
+
+class ShardKernels {
+ public:
+  virtual ~ShardKernels() = default;
+
+  // "scalar-reference", or "highway:<TARGET>" for the SIMD implementation.
+  virtual std::string name() const = 0;
+
+  // For every row and every node of `nodes` (tiles inside the shard, e.g. its canonical cover),
+  // the node's partial: out[row * nodes.size() + j]. u is 0 unless with_entropy.
+  virtual void node_partials(const LogitsView& shard, const ShardSpec& spec,
+                             std::span<const TreeNode> nodes, bool with_entropy,
+                             std::span<NodePartial> out, const ExecOptions& exec = {}) const = 0;
+
+  // Rebuilds each row's root from node partials whose nodes together cover tiles [0, T)
+  // exactly once (e.g. every rank's cover, concatenated): partials[row * nodes.size() + j].
+  // Writes LSE (and entropy when `roots.entropy` is not empty).
+  virtual void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
+                           std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
+                           const ExecOptions& exec = {}) const = 0;
+
+  // Gradient of the shard's logits, written in `grad.dtype` (== shard dtype), same shape.
+  // Padding columns get exactly +0.
+  virtual void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
+                        const MutableLogitsView& grad, const ExecOptions& exec = {}) const = 0;
+};
+
+// z of each row's target (fp32, divided by the temperature) read from the shard, for rows whose
+// target_local >= 0; other rows get +0.
+void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
+                        std::span<const int64_t> target_local, std::span<float> out);
+
+// The scalar reference implementation.
+const ShardKernels& reference_kernels();
+
+// The SIMD implementation on the best target this CPU has.
+const ShardKernels& simd_kernels();
+
+// Every SIMD target compiled in and supported by this CPU, best first (e.g. "AVX3", "AVX2").
+std::vector<std::string> simd_targets();
+
+// The SIMD implementation pinned to one target from simd_targets(); throws std::runtime_error
+// for a target this CPU cannot run.
+const ShardKernels& simd_kernels_for(std::string_view target);
+
+}  // namespace detlogp
