@@ -109,7 +109,8 @@ class ShardKernels {
   virtual std::string name() const = 0;
 
   // For every row and every node of `nodes` (tiles inside the shard, e.g. its canonical cover),
-  // the node's partial: out[row * nodes.size() + j]. u is 0 unless with_entropy.
+  // the node's partial: out[row * nodes.size() + j]. u is +0 unless with_entropy (a poisoned
+  // partial, from a NaN or +inf logit, is (NaN, NaN, NaN) either way).
   virtual void node_partials(const LogitsView& shard, const ShardSpec& spec,
                              std::span<const TreeNode> nodes, bool with_entropy,
                              std::span<NodePartial> out, const ExecOptions& exec = {}) const = 0;

@@ -77,15 +77,15 @@ DETLOGP_HD float round_even(float x) {
 
 struct ExpConstants {
   static constexpr float kLog2e = 1.44269504088896341f;
-  static constexpr float kLn2Hi = 0.693145751953125f;          // 0x3f317200
-  static constexpr float kLn2Lo = 1.428606765330187045e-06f;   // 0x35bfbe8e
+  static constexpr float kLn2Hi = 0.693145751953125f;         // 0x3f317200
+  static constexpr float kLn2Lo = 1.428606765330187045e-06f;  // 0x35bfbe8e
   static constexpr float kC6 = 0.0013751407386735082f;
   static constexpr float kC5 = 0.008368915878236294f;
   static constexpr float kC4 = 0.04166953265666962f;
   static constexpr float kC3 = 0.166665181517601f;
   static constexpr float kC2 = 0.49999988079071045f;
-  static constexpr float kOverflowAbove = 88.8f;   // x > this: +inf
-  static constexpr float kUnderflowBelow = -88.0f; // x < this: +0 (the result is subnormal)
+  static constexpr float kOverflowAbove = 88.8f;    // x > this: +inf
+  static constexpr float kUnderflowBelow = -88.0f;  // x < this: +0 (the result is subnormal)
 };
 
 // 2^n as a float for n in [-126, 127], built from bits.
@@ -237,7 +237,13 @@ DETLOGP_HD Partial merge(const Partial& left, const Partial& right) {
   out.m = M;
   out.s = left.s * el + right.s * er;
   if (kWithEntropy) {
-    out.u = el * (left.u + dl * left.s) + er * (right.u + dr * right.s);
+    // A side whose factor e is 0 contributes +0, like entropy_term in the leaf: its bracket
+    // d * s overflows to -inf when the two maxima are more than FLT_MAX apart (finite logits
+    // of +-2e38), and 0 * -inf would poison u, then s, LSE and entropy of a finite row. Where
+    // the bracket is finite the product is -0 and the sum is the same bits either way.
+    const float tl = el == 0.0f ? 0.0f : el * (left.u + dl * left.s);
+    const float tr = er == 0.0f ? 0.0f : er * (right.u + dr * right.s);
+    out.u = tl + tr;
   } else {
     out.u = 0.0f;
   }
