@@ -1,0 +1,119 @@
+#pragma once
+// The vocab-parallel selected-token logprob operator (seed-semantics.md section 4).
+//
+// Each TP rank passes its shard of the logits [tokens, local_vocab] and the target ids; every
+// rank gets the same fp32 logp, LSE (and entropy) for every token, and backward gives each rank
+// the gradient of its own shard in the logits dtype. One fixed-size preflight all-gather checks
+// that the ranks agree before one all-gather moves the node partials and target logits.
+//
+//   auto out = op.forward(logits, targets, contract, comm, {.entropy = true});
+//   op.backward(out, {.grad_logp = dlogp, .grad_lse = dlse}, grad_view);
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "detlogp/comm.hpp"
+#include "detlogp/contract.hpp"
+#include "detlogp/kernels.hpp"
+
+namespace detlogp {
+
+struct ForwardOptions {
+  // true: the canon (cross-TP bitwise). false: each shard reduced as one partial and ranks
+  // merged in rank order; only with determinism_scope = fixed_topology.
+  bool deterministic = true;
+  // Check targets against the real vocabulary and the finiteness of active rows' LSE.
+  // The cross-rank preflight runs whenever tp_world_size > 1, whatever this says.
+  bool validate = true;
+  bool entropy = false;  // also compute the entropy of softmax(z) over the real vocabulary
+  ExecOptions exec = {};
+};
+
+// What backward needs from forward, kept by the LogprobResult (opaque).
+struct SavedForward;
+
+// Outputs of forward, replicated bitwise on every TP rank.
+struct LogprobResult {
+  std::vector<float> logp;     // [tokens] fp32; exactly 0.0 on inactive tokens
+  std::vector<float> lse;      // [tokens] fp32; every token, inactive ones included
+  std::vector<float> entropy;  // [tokens] fp32 when requested, else empty
+  std::shared_ptr<const SavedForward> saved;  // for backward; holds a view of the logits
+};
+
+// Incoming gradients (fp32, one per token); an empty span means "not supplied".
+struct LogprobGrads {
+  std::span<const float> grad_logp = {};
+  std::span<const float> grad_lse = {};
+  std::span<const float> grad_entropy = {};
+};
+
+// Bytes one forward moves, for benchmarks and docs.
+struct ForwardTraffic {
+  int64_t preflight_bytes_per_rank = 0;
+  int64_t payload_bytes_per_rank = 0;
+};
+
+// A logprob backend: what the registry hands out.
+class LogprobOp {
+ public:
+  virtual ~LogprobOp() = default;
+  virtual const std::string& backend_id() const = 0;
+  // Name of the kernels that run (e.g. "highway:AVX3", "scalar-reference").
+  virtual std::string kernel_name() const = 0;
+
+  // `local_logits` must stay alive and unchanged until backward is done with the result.
+  virtual LogprobResult forward(const LogitsView& local_logits, std::span<const int64_t> targets,
+                                const LogprobContract& contract, Communicator& comm,
+                                const ForwardOptions& options = {}) const = 0;
+
+  // Gradient of this rank's logits shard; `grad` has the shard's shape and dtype. No collective.
+  virtual void backward(const LogprobResult& forward, const LogprobGrads& grads,
+                        const MutableLogitsView& grad) const = 0;
+};
+
+// The canonical vocab-parallel operator over a set of shard kernels.
+class VocabParallelLogprob final : public LogprobOp {
+ public:
+  VocabParallelLogprob(const ShardKernels& kernels, std::string backend_id);
+
+  const std::string& backend_id() const override { return backend_id_; }
+  std::string kernel_name() const override { return kernels_.name(); }
+
+  LogprobResult forward(const LogitsView& local_logits, std::span<const int64_t> targets,
+                        const LogprobContract& contract, Communicator& comm,
+                        const ForwardOptions& options = {}) const override;
+
+  void backward(const LogprobResult& forward, const LogprobGrads& grads,
+                const MutableLogitsView& grad) const override;
+
+  // Bytes each rank sends in one forward of this contract (preflight + payload).
+  static ForwardTraffic traffic(const LogprobContract& contract, bool deterministic);
+
+ private:
+  const ShardKernels& kernels_;
+  std::string backend_id_;
+};
+
+// A single-shard, batch-invariant logprob in the style of the seed's WS1 op: per row an fp32
+// max, a left-to-right sum of exp(z - max) and a log, in an order fixed by the vocabulary width
+// alone. Not the canon (its bits differ from VocabParallelLogprob's), TP = 1 only, no entropy;
+// its capability says so (fixed_topology only, no padding, no LSE export).
+class BatchInvariantLogprob final : public LogprobOp {
+ public:
+  explicit BatchInvariantLogprob(std::string backend_id);
+  const std::string& backend_id() const override { return backend_id_; }
+  std::string kernel_name() const override { return "scalar-batch-invariant"; }
+  LogprobResult forward(const LogitsView& local_logits, std::span<const int64_t> targets,
+                        const LogprobContract& contract, Communicator& comm,
+                        const ForwardOptions& options = {}) const override;
+  void backward(const LogprobResult& forward, const LogprobGrads& grads,
+                const MutableLogitsView& grad) const override;
+
+ private:
+  std::string backend_id_;
+};
+
+}  // namespace detlogp

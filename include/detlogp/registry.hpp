@@ -1,0 +1,119 @@
+#pragma once
+// Contract-aware dispatch (seed-semantics.md sections 2 and 3).
+//
+// A caller states what it needs (a LogprobContract) and gets a backend whose declared
+// capability fits it, or a std::runtime_error listing why every candidate was rejected; never a
+// silent fallback to different numerics. The provenance says what was asked, what runs and why.
+//
+//   auto d = detlogp::get_logprob_op(contract);               // policy "auto"
+//   auto out = d.op->forward(logits, targets, contract, comm);
+//   std::cout << d.provenance_json << "\n";
+//
+// Policies (case-insensitive): "auto" (first fitting candidate), "production", "reference".
+// Anything else is an exact, case-sensitive backend id. "deterministic" is not a policy:
+// determinism is requested with ReductionSpec::determinism_scope.
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "detlogp/capability.hpp"
+#include "detlogp/contract.hpp"
+#include "detlogp/operator.hpp"
+
+namespace detlogp {
+
+// Platforms with a candidate list. "cuda" stays empty until a CUDA backend exists.
+inline constexpr std::array<std::string_view, 2> kPlatforms = {"cpu", "cuda"};
+
+// A backend as the registry knows it: a stable name (the seed's enum name, e.g.
+// "CPU_CANONICAL_VOCAB_PARALLEL_LOGP") and a factory. The factory may throw: the backend then
+// counts as failed to load, is never retried in this registry, and dispatch moves on.
+struct Backend {
+  std::string name;
+  std::function<std::shared_ptr<LogprobOp>()> create;
+};
+
+struct DispatchResult {
+  std::shared_ptr<LogprobOp> op;
+  BackendCapability capability;
+  std::string requested_backend;  // the stripped request, as given ("auto", "REFERENCE", an id)
+  std::string actual_backend;     // capability.backend_id()
+  std::string backend_name;       // the backend's registry name
+  std::string platform;
+  bool fallback = false;  // an earlier policy-eligible candidate was skipped
+  std::vector<std::string> prior_rejections;
+  std::string provenance_json;  // all of the above + contract, capability, numerics version,
+                                // kernel (SIMD target) actually used
+};
+
+class Registry {
+ public:
+  // An empty registry (for tests and embedders who want full control).
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+  // A registry holding detlogp's built-in backends (what global() holds).
+  static std::unique_ptr<Registry> with_builtin_backends();
+  // The process-wide registry. Thread-safe, like every member function.
+  static Registry& global();
+
+  // Contract dispatch (section 3.2). Throws ContractError for a bad request (blank, or
+  // "deterministic") and std::runtime_error when no candidate fits.
+  DispatchResult get_logprob_op(const LogprobContract& contract,
+                                std::string_view requested_backend = "auto",
+                                std::string_view platform = "cpu");
+
+  // Declares (or replaces) `backend`'s capability on `platform` and adds it to that platform's
+  // contract candidate list (at the front with prepend) unless already there: re-registering
+  // keeps the position and swaps the capability. Never touches the legacy lists. An empty
+  // optional capability throws ContractError "capability must be a BackendCapability"; an
+  // unknown platform "unsupported platform".
+  void register_logprob_backend(const Backend& backend,
+                                const std::optional<BackendCapability>& capability,
+                                std::string_view platform = "cpu", bool prepend = false);
+
+  // Adds a backend to a contract candidate list WITHOUT a capability (dispatch then records
+  // "no LogprobBackendCapability declared" for it). Mirrors the seed's lists that start as a
+  // copy of the legacy priority list.
+  void add_contract_candidate(const Backend& backend, std::string_view platform = "cpu");
+
+  // Legacy path (section 3.3): a per-(op type, platform) priority list, first backend that
+  // instantiates wins; "No functional backend found for <op> on <platform>" otherwise.
+  void register_legacy_backend(std::string_view op_type, const Backend& backend,
+                               std::string_view platform = "cpu", bool prepend = false);
+  std::shared_ptr<LogprobOp> get_op(std::string_view op_type, std::string_view platform = "cpu");
+
+  // Introspection (copies, for tests and tools).
+  std::vector<std::string> contract_candidates(std::string_view platform) const;
+  std::vector<std::string> legacy_priority(std::string_view op_type,
+                                           std::string_view platform) const;
+  std::optional<BackendCapability> capability(std::string_view platform,
+                                              std::string_view backend_name) const;
+  bool failed_to_load(std::string_view backend_name) const;
+
+  struct State;  // internal
+
+ private:
+  std::unique_ptr<State> state_;
+  mutable std::mutex mutex_;
+};
+
+// Registry::global() shortcuts.
+DispatchResult get_logprob_op(const LogprobContract& contract,
+                              std::string_view requested_backend = "auto");
+void register_logprob_backend(const Backend& backend,
+                              const std::optional<BackendCapability>& capability,
+                              std::string_view platform = "cpu", bool prepend = false);
+
+// Built-in backend ids.
+inline constexpr std::string_view kCpuCanonicalBackendId = "cpu-canonical-vocab-parallel-logp";
+inline constexpr std::string_view kCpuReferenceBackendId = "cpu-reference-vocab-parallel-logp";
+inline constexpr std::string_view kCpuBatchInvariantBackendId = "cpu-batch-invariant-logp-ws1";
+
+}  // namespace detlogp

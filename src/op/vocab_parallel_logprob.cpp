@@ -1,0 +1,386 @@
+// VocabParallelLogprob: validation, preflight, one all-gather, root rebuild, backward.
+// The arithmetic lives in the kernels and in numerics/canon.hpp; this file only decides who
+// computes which node and moves bytes.
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "detlogp/operator.hpp"
+#include "detlogp/version.hpp"
+#include "numerics/canon.hpp"
+#include "op/preflight.hpp"
+#include "op/saved_forward.hpp"
+
+namespace detlogp {
+
+namespace {
+
+// Node partial on the wire: (m, s) always, u only when entropy is requested.
+int64_t partial_floats(bool entropy) { return entropy ? 3 : 2; }
+
+std::string dtype_name(DType d) { return std::string(to_string(d)); }
+
+// Section 4.1 step 4 (the invocation checks) and step 6 (targets), as ContractError.
+void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
+                      const LogprobContract& c, const Communicator& comm, bool validate) {
+  const ShardingSpec& sh = c.sharding();
+  if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr)) {
+    throw ContractError(fmt::format(
+        "local_logits must be 2-D [num_tokens, local_vocab] with data; got rows={} cols={}",
+        logits.rows, logits.cols));
+  }
+  if (logits.row_stride < logits.cols) {
+    throw ContractError(fmt::format(
+        "local_logits row_stride={} is smaller than its {} columns; pass the stride in elements",
+        logits.row_stride, logits.cols));
+  }
+  if (static_cast<int64_t>(targets.size()) != logits.rows) {
+    throw ContractError(fmt::format(
+        "target_ids must be 1-D with one entry per token: got {} targets for {} logits rows",
+        targets.size(), logits.rows));
+  }
+  if (logits.cols != sh.local_vocab_size()) {
+    throw ContractError(fmt::format(
+        "local_logits has {} vocab columns but the contract declares local shard [{}, {}) of "
+        "size {}",
+        logits.cols, sh.local_vocab_start(), sh.local_vocab_end(), sh.local_vocab_size()));
+  }
+  if (logits.rows != c.mask().num_tokens()) {
+    throw ContractError(fmt::format(
+        "local_logits has {} rows but the contract's MaskSpec declares num_tokens={}",
+        logits.rows, c.mask().num_tokens()));
+  }
+  if (logits.dtype != c.dtype()) {
+    throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
+                                    dtype_name(logits.dtype), dtype_name(c.dtype())));
+  }
+  if (comm.size() != sh.tp_world_size()) {
+    throw ContractError(fmt::format(
+        "the communicator has {} ranks but the contract declares tp_world_size={}; pass the TP "
+        "subgroup, not the global group",
+        comm.size(), sh.tp_world_size()));
+  }
+  if (comm.rank() != sh.tp_rank()) {
+    throw ContractError(fmt::format(
+        "tp_group rank {} does not match the contract tp_rank={}", comm.rank(), sh.tp_rank()));
+  }
+  if (validate) {
+    const auto& active = c.mask().active_mask();
+    bool bad = false;
+    int64_t lo = 0, hi = 0;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (!active[i]) continue;
+      const int64_t t = targets[i];
+      if (t < 0 || t >= sh.real_vocab_size()) {
+        lo = bad ? std::min(lo, t) : t;
+        hi = bad ? std::max(hi, t) : t;
+        bad = true;
+      }
+    }
+    if (bad) {
+      throw ContractError(fmt::format(
+          "active target_ids must lie in the real vocabulary [0, {}); got values in [{}, {}] on "
+          "active rows",
+          sh.real_vocab_size(), lo, hi));
+    }
+  }
+}
+
+// The mode checks of section 4.1 step 3.
+void check_mode(const LogprobContract& c, bool deterministic) {
+  if (deterministic) {
+    c.check_tile_alignment();
+  } else if (c.reduction().determinism_scope() == DeterminismScope::cross_tp_bitwise) {
+    throw ContractError(
+        "deterministic=false cannot honour determinism_scope=cross_tp_bitwise (its merge order "
+        "depends on the shard layout); pass deterministic=true or build the contract with "
+        "determinism_scope=fixed_topology");
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Tiles of a rank's shard in the deterministic mode.
+std::pair<int64_t, int64_t> tile_range(const VocabRange& bounds, int64_t w) {
+  return {bounds.start / w, ceil_div(bounds.end, w)};
+}
+
+// Node lists per rank: the canonical cover of each rank's tiles (deterministic), computed by
+// every rank from the contract, so every rank knows every rank's payload layout.
+std::vector<std::vector<TreeNode>> covers_of_all_ranks(const LogprobContract& c,
+                                                       const TileGeometry& g) {
+  std::vector<std::vector<TreeNode>> covers;
+  for (const VocabRange& b : c.sharding().vocab_shard_bounds()) {
+    auto [a, e] = tile_range(b, g.tile_width);
+    covers.push_back(canonical_cover(g, a, e));
+  }
+  return covers;
+}
+
+std::size_t max_cover(const std::vector<std::vector<TreeNode>>& covers) {
+  std::size_t m = 0;
+  for (const auto& c : covers) m = std::max(m, c.size());
+  return m;
+}
+
+// The non-deterministic mode reduces this rank's shard as if it started at column 0: local
+// tiles of W from the shard's first column, real columns up to R.
+ShardSpec local_spec(const LogprobContract& c) {
+  const ShardingSpec& sh = c.sharding();
+  const int64_t real_local =
+      std::clamp<int64_t>(sh.real_vocab_size() - sh.local_vocab_start(), 0, sh.local_vocab_size());
+  return ShardSpec{.vocab_start = 0,
+                   .geometry = {.real_vocab = real_local, .tile_width = c.tile_width()},
+                   .temperature = c.temperature()};
+}
+
+// Left fold of a row's node partials (the non-deterministic per-shard reduction).
+canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
+  canon::Partial acc = canon::identity_partial();
+  for (std::size_t j = 0; j < n; ++j) {
+    acc = canon::merge(acc, canon::Partial{p[j].m, p[j].s, p[j].u}, entropy);
+  }
+  return acc;
+}
+
+}  // namespace
+
+VocabParallelLogprob::VocabParallelLogprob(const ShardKernels& kernels, std::string backend_id)
+    : kernels_(kernels), backend_id_(std::move(backend_id)) {}
+
+ForwardTraffic VocabParallelLogprob::traffic(const LogprobContract& c, bool deterministic) {
+  const TileGeometry g{.real_vocab = c.sharding().real_vocab_size(), .tile_width = c.tile_width()};
+  const int64_t rows = c.mask().num_tokens();
+  const int64_t nodes = deterministic ? static_cast<int64_t>(max_cover(covers_of_all_ranks(c, g))) : 1;
+  ForwardTraffic t;
+  if (c.sharding().tp_world_size() > 1) {
+    t.preflight_bytes_per_rank = op::preflight_record_bytes();
+    // Entropy adds a third float per node; report the larger (entropy) payload.
+    t.payload_bytes_per_rank = rows * (nodes * partial_floats(true) + 1) * 4;
+  }
+  return t;
+}
+
+LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
+                                            std::span<const int64_t> targets,
+                                            const LogprobContract& c, Communicator& comm,
+                                            const ForwardOptions& opt) const {
+  const ShardingSpec& sh = c.sharding();
+  const int64_t tp = sh.tp_world_size();
+  const int64_t rows = logits.rows;
+  const int64_t w = c.tile_width();
+  const TileGeometry geometry{.real_vocab = sh.real_vocab_size(), .tile_width = w};
+
+  // 1. Local checks. With TP > 1 a local failure is not thrown yet: it travels in the
+  //    preflight so that the other ranks fail with it instead of waiting for this one.
+  std::optional<std::string> local_error;
+  try {
+    check_mode(c, opt.deterministic);
+    check_invocation(logits, targets, c, comm, opt.validate);
+  } catch (const ContractError& e) {
+    if (tp == 1 || comm.size() == 1) throw;
+    local_error = e.what();
+  }
+
+  // 2. Preflight: whenever TP > 1, whatever `validate` says.
+  if (tp > 1) {
+    op::PreflightFacts facts;
+    facts.fingerprint = c.cross_rank_fingerprint();
+    facts.backend_id = backend_id_;
+    facts.numerics_version = std::string(kNumericsVersion);
+    facts.tile_width = opt.deterministic ? w : 0;
+    facts.deterministic = opt.deterministic;
+    if (opt.deterministic) {
+      std::tie(facts.local_begin, facts.local_end) =
+          tile_range(sh.vocab_shard_bounds()[sh.tp_rank()], w);
+    } else {
+      facts.local_begin = sh.local_vocab_start();
+      facts.local_end = sh.local_vocab_end();
+    }
+    facts.rows = rows;
+    facts.local_error = local_error;
+    op::run_preflight(comm, facts);
+  }
+
+  // 3. This rank's node partials and its copies of the targets it owns.
+  const auto& active_mask = c.mask().active_mask();
+  auto saved = std::make_shared<SavedForward>();
+  saved->logits = logits;
+  saved->kernels = &kernels_;
+  saved->has_entropy = opt.entropy;
+  saved->exec = opt.exec;
+  saved->active.resize(static_cast<std::size_t>(rows));
+  saved->target_local.assign(static_cast<std::size_t>(rows), -1);
+  std::vector<int64_t> owner(static_cast<std::size_t>(rows), -1);
+  for (int64_t i = 0; i < rows; ++i) {
+    saved->active[i] = active_mask[i] ? 1 : 0;
+    const int64_t t = targets[i];
+    if (!active_mask[i] || t < 0 || t >= sh.real_vocab_size()) continue;  // (validate off)
+    owner[i] = sh.owner_rank(t);
+    if (owner[i] == sh.tp_rank()) saved->target_local[i] = t - sh.local_vocab_start();
+  }
+
+  std::vector<TreeNode> local_nodes;
+  std::vector<std::vector<TreeNode>> covers;
+  std::size_t width = 1;  // partials per row on the wire
+  if (opt.deterministic) {
+    saved->spec = ShardSpec{.vocab_start = sh.local_vocab_start(), .geometry = geometry,
+                            .temperature = c.temperature()};
+    covers = covers_of_all_ranks(c, geometry);
+    local_nodes = covers[sh.tp_rank()];
+    width = max_cover(covers);
+  } else {
+    saved->spec = local_spec(c);
+    local_nodes = canonical_cover(saved->spec.geometry, 0,
+                                  ceil_div(sh.local_vocab_size(), w));
+  }
+  std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
+  if (!local_nodes.empty()) {
+    kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
+  }
+  std::vector<float> target_z(static_cast<std::size_t>(rows));
+  read_target_logits(logits, saved->spec, saved->target_local, target_z);
+
+  // 4. Pack [rows][width] partials (identity-padded) + [rows] target logits; one all-gather.
+  const int64_t pf = partial_floats(opt.entropy);
+  const std::size_t block = static_cast<std::size_t>(rows) * (width * pf + 1);
+  std::vector<float> send(block);
+  const canon::Partial id = canon::identity_partial();
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = send.data() + i * width * pf;
+    if (opt.deterministic) {
+      for (std::size_t j = 0; j < width; ++j) {
+        const NodePartial p = j < local_nodes.size() ? local[i * local_nodes.size() + j]
+                                                     : NodePartial{id.m, id.s, id.u};
+        row[j * pf] = p.m;
+        row[j * pf + 1] = p.s;
+        if (pf == 3) row[j * pf + 2] = p.u;
+      }
+    } else {
+      const canon::Partial p = fold(local.data() + i * local_nodes.size(), local_nodes.size(),
+                                    opt.entropy);
+      row[0] = p.m;
+      row[1] = p.s;
+      if (pf == 3) row[2] = p.u;
+    }
+  }
+  std::copy(target_z.begin(), target_z.end(), send.begin() + rows * width * pf);
+
+  std::vector<float> recv;
+  const float* gathered = send.data();
+  if (tp > 1) {
+    recv.resize(block * static_cast<std::size_t>(tp));
+    all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    gathered = recv.data();
+  }
+
+  // 5. Roots. Deterministic: every rank's cover nodes in rank order, one merge by the tree.
+  //    Non-deterministic: one partial per rank, folded in rank order.
+  LogprobResult out;
+  out.lse.resize(static_cast<std::size_t>(rows));
+  if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
+  auto unpack = [&](int64_t rank, int64_t i, std::size_t j) {
+    const float* p = gathered + rank * block + (i * width + j) * pf;
+    return NodePartial{p[0], p[1], pf == 3 ? p[2] : 0.0f};
+  };
+  if (opt.deterministic) {
+    std::vector<TreeNode> all_nodes;
+    for (const auto& cov : covers) all_nodes.insert(all_nodes.end(), cov.begin(), cov.end());
+    std::vector<NodePartial> all(static_cast<std::size_t>(rows) * all_nodes.size());
+    for (int64_t i = 0; i < rows; ++i) {
+      std::size_t k = 0;
+      for (int64_t r = 0; r < tp; ++r) {
+        for (std::size_t j = 0; j < covers[r].size(); ++j) all[i * all_nodes.size() + k++] = unpack(r, i, j);
+      }
+    }
+    kernels_.merge_roots(geometry, all_nodes, all, rows,
+                         RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
+  } else {
+    for (int64_t i = 0; i < rows; ++i) {
+      canon::Partial acc = canon::identity_partial();
+      for (int64_t r = 0; r < tp; ++r) {
+        const NodePartial p = unpack(r, i, 0);
+        acc = canon::merge(acc, canon::Partial{p.m, p.s, p.u}, opt.entropy);
+      }
+      const canon::RootValues root = canon::finish_root(acc);
+      out.lse[i] = root.lse;
+      if (opt.entropy) out.entropy[i] = root.entropy;
+    }
+  }
+
+  // 6. logp: the target logit is copied from its owner's block, never summed.
+  out.logp.assign(static_cast<std::size_t>(rows), 0.0f);
+  const float* targets_of = gathered + rows * width * pf;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (!active_mask[i]) continue;
+    if (owner[i] < 0) {  // out-of-range active target with validate=false
+      out.logp[i] = canon::canonical_nan();
+      continue;
+    }
+    out.logp[i] = canon::selected_logp(targets_of[owner[i] * block + i], out.lse[i]);
+  }
+
+  // 7. Active rows must have a finite LSE (checked after compute, identically on every rank).
+  if (opt.validate) {
+    for (int64_t i = 0; i < rows; ++i) {
+      if (active_mask[i] && !std::isfinite(out.lse[i])) {
+        throw ContractError(fmt::format(
+            "non-finite logsumexp on an active row (token {}: lse={}): logits over the real "
+            "vocabulary must be finite for every active token",
+            i, out.lse[i]));
+      }
+    }
+  }
+  out.saved = std::move(saved);
+  return out;
+}
+
+void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
+                                    const MutableLogitsView& grad) const {
+  if (!fwd.saved) {
+    throw ContractError("backward needs the LogprobResult of a forward call (its saved state is "
+                        "empty)");
+  }
+  const SavedForward& s = *fwd.saved;
+  const int64_t rows = s.logits.rows;
+  auto check_len = [&](std::span<const float> v, const char* name) {
+    if (!v.empty() && static_cast<int64_t>(v.size()) != rows) {
+      throw ContractError(fmt::format("{} must have one entry per token: got {} for {} tokens",
+                                      name, v.size(), rows));
+    }
+  };
+  check_len(g.grad_logp, "grad_logp");
+  check_len(g.grad_lse, "grad_lse");
+  check_len(g.grad_entropy, "grad_entropy");
+  if (!g.grad_entropy.empty() && !s.has_entropy) {
+    throw ContractError("grad_entropy was given but forward ran with entropy=false; run forward "
+                        "with entropy=true");
+  }
+  if (grad.rows != rows || grad.cols != s.logits.cols || grad.dtype != s.logits.dtype ||
+      grad.row_stride < grad.cols || (rows > 0 && grad.data == nullptr)) {
+    throw ContractError(fmt::format(
+        "grad must have the logits' shape [{}, {}] and dtype {}; got [{}, {}] {} (row_stride {})",
+        rows, s.logits.cols, dtype_name(s.logits.dtype), grad.rows, grad.cols,
+        dtype_name(grad.dtype), grad.row_stride));
+  }
+  // Inactive rows get no logp gradient (but do get the LSE and entropy gradients).
+  std::vector<float> g_logp;
+  if (!g.grad_logp.empty()) {
+    g_logp.assign(g.grad_logp.begin(), g.grad_logp.end());
+    for (int64_t i = 0; i < rows; ++i) {
+      if (!s.active[i]) g_logp[i] = 0.0f;
+    }
+  }
+  BackwardInputs in{.lse = fwd.lse,
+                    .entropy = fwd.entropy,
+                    .target_local = s.target_local,
+                    .grad_logp = g_logp,
+                    .grad_lse = g.grad_lse,
+                    .grad_entropy = g.grad_entropy};
+  s.kernels->backward(s.logits, s.spec, in, grad, s.exec);
+}
+
+}  // namespace detlogp
