@@ -1,0 +1,44 @@
+#include "io/tensor_file.hpp"
+
+#include <fmt/format.h>
+
+#include "io/detail.hpp"
+#include "io/npy.hpp"
+
+namespace detlogp::io {
+
+TensorFileFormat tensor_file_format(const std::filesystem::path& path) {
+  const std::string extension = path.extension().string();
+  if (extension == ".safetensors") return TensorFileFormat::safetensors;
+  if (extension == ".npy") return TensorFileFormat::npy;
+  detail::fail(path.string(),
+               extension.empty()
+                   ? std::string("no file extension (expected .safetensors or .npy)")
+                   : fmt::format("unsupported file extension {} (expected .safetensors or .npy)",
+                                 detail::in_quotes(extension)));
+}
+
+Tensor read_tensor(const std::filesystem::path& path, std::string_view name) {
+  if (tensor_file_format(path) == TensorFileFormat::safetensors) {
+    return read_safetensors_tensor(path, name);
+  }
+  Tensor tensor = read_npy(path);
+  if (!name.empty()) tensor.name = std::string(name);
+  return tensor;
+}
+
+void write_tensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
+                   const Metadata& metadata) {
+  if (tensor_file_format(path) == TensorFileFormat::safetensors) {
+    write_safetensors(path, tensors, metadata);
+    return;
+  }
+  if (tensors.size() != 1) {
+    detail::fail(path.string(),
+                 fmt::format("an .npy file holds exactly one tensor, got {}", tensors.size()));
+  }
+  if (!metadata.empty()) detail::fail(path.string(), "an .npy file cannot hold metadata");
+  write_npy(path, tensors.front());
+}
+
+}  // namespace detlogp::io

@@ -1,0 +1,27 @@
+#pragma once
+// The CLI's entry points: choose the format by the file's extension (.safetensors or .npy;
+// anything else is a ContractError naming the file).
+
+#include <filesystem>
+#include <span>
+#include <string_view>
+
+#include "io/safetensors.hpp"
+#include "io/tensor.hpp"
+
+namespace detlogp::io {
+
+enum class TensorFileFormat { safetensors, npy };
+
+TensorFileFormat tensor_file_format(const std::filesystem::path& path);
+
+// One tensor. .safetensors: the tensor named `name` if the file has one, else the only tensor
+// (SafetensorsHeader::select). .npy: the file's array, named `name` (or the file's stem if
+// `name` is empty).
+Tensor read_tensor(const std::filesystem::path& path, std::string_view name = {});
+
+// Atomic writes. .npy holds exactly one tensor and no metadata.
+void write_tensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
+                   const Metadata& metadata = {});
+
+}  // namespace detlogp::io
