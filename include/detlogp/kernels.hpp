@@ -75,7 +75,7 @@ struct NodePartial {
 // Where a shard sits in the vocabulary.
 struct ShardSpec {
   int64_t vocab_start = 0;  // global column of local column 0; a multiple of W
-  TileGeometry geometry;
+  TileGeometry geometry = {};
   float temperature = 1.0f;  // z = fp32(x) / temperature
 };
 
@@ -85,20 +85,20 @@ struct ExecOptions {
 
 // Roots of a set of rows: LSE and entropy (fp32).
 struct RootsOut {
-  std::span<float> lse;      // [rows]
-  std::span<float> entropy;  // [rows], or empty when entropy is not wanted
+  std::span<float> lse = {};      // [rows]
+  std::span<float> entropy = {};  // [rows], or empty when entropy is not wanted
 };
 
 // Per-row inputs of the backward kernel.
 struct BackwardInputs {
-  std::span<const float> lse;              // [rows]
-  std::span<const float> entropy;          // [rows]; needed when grad_entropy is given
-  std::span<const int64_t> target_local;   // [rows]: local column of the target when the row
+  std::span<const float> lse = {};              // [rows]
+  std::span<const float> entropy = {};          // [rows]; needed when grad_entropy is given
+  std::span<const int64_t> target_local = {};   // [rows]: local column of the target when the row
                                            // is active and this shard owns it, else -1
-  std::span<const float> grad_logp;        // [rows] or empty (not supplied); inactive rows
+  std::span<const float> grad_logp = {};        // [rows] or empty (not supplied); inactive rows
                                            // must already be zero
-  std::span<const float> grad_lse;         // [rows] or empty
-  std::span<const float> grad_entropy;     // [rows] or empty
+  std::span<const float> grad_lse = {};         // [rows] or empty
+  std::span<const float> grad_entropy = {};     // [rows] or empty
 };
 
 class ShardKernels {

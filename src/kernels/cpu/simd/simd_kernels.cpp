@@ -1,0 +1,248 @@
+// The SIMD implementation of the shard-local kernels (include/detlogp/kernels.hpp): argument
+// checks, threads and the ShardKernels objects; the per-target arithmetic is in
+// simd_targets.cpp.
+//
+// Threads split rows into contiguous blocks. A row's bits depend only on that row (its leaves,
+// tree and gradient are computed by one thread, in the canon's order), so no result depends on
+// the thread count. No mutable global state: each target's kernels object is built once and is
+// immutable.
+#include <algorithm>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "detlogp/kernels.hpp"
+#include "kernels/cpu/reference/validate.hpp"
+#include "kernels/cpu/simd/simd_kernels.hpp"
+#include "numerics/canon.hpp"
+
+namespace detlogp {
+namespace {
+
+// Below this many elements per thread, extra threads cost more than they save.
+constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
+// Gradients larger than this are written with non-temporal stores (they would only evict the
+// logits and cost a read-for-ownership).
+constexpr int64_t kStreamBytes = int64_t{32} << 20;
+
+int thread_count(const ExecOptions& exec, int64_t rows, int64_t elements_per_row) {
+  int64_t threads = exec.threads > 0 ? exec.threads : std::thread::hardware_concurrency();
+  if (threads < 1) threads = 1;
+  threads = std::min(threads, rows);
+  const int64_t total = rows * std::max<int64_t>(elements_per_row, 1);
+  threads = std::min(threads, std::max<int64_t>(total / kMinElementsPerThread, 1));
+  return static_cast<int>(std::max<int64_t>(threads, 1));
+}
+
+// Runs fn(row_begin, row_end) over [0, rows) on `threads` threads (the caller's among them).
+template <class Fn>
+void parallel_rows(int64_t rows, int threads, const Fn& fn) {
+  if (threads <= 1 || rows <= 1) {
+    if (rows > 0) fn(int64_t{0}, rows);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  auto run = [&](int t) {
+    const int64_t begin = rows * t / threads;
+    const int64_t end = rows * (t + 1) / threads;
+    try {
+      if (begin < end) fn(begin, end);
+    } catch (...) {
+      errors[static_cast<size_t>(t)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
+  run(0);
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// The root of one row from the partials of nodes that cover [0, T): the canonical tree,
+// evaluated top-down (a subtree that is a given node takes its partial, a subtree of padding
+// tiles is the identity, any other is the merge of its children).
+class RootPlan {
+ public:
+  RootPlan(const TileGeometry& geometry, std::span<const TreeNode> nodes)
+      : real_tiles_(geometry.num_real_tiles()) {
+    for (size_t j = 0; j < nodes.size(); ++j) {
+      index_.push_back(Entry{nodes[j].level, nodes[j].index, static_cast<int64_t>(j)});
+    }
+    std::sort(index_.begin(), index_.end());
+    root_ = build(geometry.tree_levels(), 0);
+  }
+
+  template <bool kEntropy>
+  canon::Partial evaluate(const NodePartial* row) const {
+    return eval<kEntropy>(root_, row);
+  }
+
+ private:
+  struct Entry {
+    int32_t level;
+    int64_t index;
+    int64_t slot;
+    bool operator<(const Entry& o) const {
+      return level != o.level ? level < o.level : index < o.index;
+    }
+  };
+  // Op: slot >= 0: the given node's partial; slot == -1: identity; else merge(left, right).
+  struct Op {
+    int64_t slot;
+    int left, right;
+  };
+
+  int build(int level, int64_t index) {
+    const auto it = std::lower_bound(index_.begin(), index_.end(), Entry{level, index, 0});
+    Op op{-2, -1, -1};
+    if (it != index_.end() && it->level == level && it->index == index) {
+      op.slot = it->slot;
+    } else if ((index << level) >= real_tiles_) {
+      op.slot = -1;
+    } else if (level == 0) {
+      throw std::logic_error("merge_roots: the nodes do not cover the real tiles");  // validated
+    } else {
+      op.left = build(level - 1, 2 * index);
+      op.right = build(level - 1, 2 * index + 1);
+    }
+    ops_.push_back(op);
+    return static_cast<int>(ops_.size() - 1);
+  }
+
+  template <bool kEntropy>
+  canon::Partial eval(int i, const NodePartial* row) const {
+    const Op& op = ops_[static_cast<size_t>(i)];
+    if (op.slot >= 0) {
+      const NodePartial& p = row[op.slot];
+      return canon::Partial{p.m, p.s, p.u};
+    }
+    if (op.slot == -1) return canon::identity_partial();
+    return canon::merge<kEntropy>(eval<kEntropy>(op.left, row), eval<kEntropy>(op.right, row));
+  }
+
+  int64_t real_tiles_;
+  std::vector<Entry> index_;
+  std::vector<Op> ops_;
+  int root_ = -1;
+};
+
+class HighwayKernels final : public ShardKernels {
+ public:
+  explicit HighwayKernels(const simd::TargetOps& ops) : ops_(ops) {}
+
+  std::string name() const override { return std::string("highway:") + ops_.name; }
+
+  void node_partials(const LogitsView& shard, const ShardSpec& spec,
+                     std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
+                     const ExecOptions& exec) const override {
+    cpu::validate_node_partials(shard, spec, nodes, out);
+    if (shard.rows == 0 || nodes.empty()) return;
+    simd::NodePartialsJob job;
+    job.data = shard.data;
+    job.dtype = shard.dtype;
+    job.row_stride = shard.row_stride;
+    job.cols = shard.cols;
+    job.vocab_start = spec.vocab_start;
+    job.geometry = spec.geometry;
+    job.temperature = spec.temperature;
+    job.nodes = nodes.data();
+    job.num_nodes = static_cast<int64_t>(nodes.size());
+    job.with_entropy = with_entropy;
+    job.out = out.data();
+    const int threads = thread_count(exec, shard.rows, shard.cols);
+    const auto fn = ops_.node_partials_rows;
+    parallel_rows(shard.rows, threads, [&](int64_t b, int64_t e) { fn(job, b, e); });
+  }
+
+  void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
+                   std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
+                   const ExecOptions& exec) const override {
+    cpu::validate_merge_roots(geometry, nodes, partials, rows, roots);
+    if (rows == 0) return;
+    const RootPlan plan(geometry, nodes);
+    const bool with_entropy = !roots.entropy.empty();
+    const size_t stride = nodes.size();
+    const int threads = thread_count(exec, rows, static_cast<int64_t>(stride) * 256);
+    parallel_rows(rows, threads, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const NodePartial* row = partials.data() + static_cast<size_t>(r) * stride;
+        const canon::Partial root =
+            with_entropy ? plan.evaluate<true>(row) : plan.evaluate<false>(row);
+        const canon::RootValues v = canon::finish_root(root);
+        roots.lse[static_cast<size_t>(r)] = v.lse;
+        if (with_entropy) roots.entropy[static_cast<size_t>(r)] = v.entropy;
+      }
+    });
+  }
+
+  void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
+                const MutableLogitsView& grad, const ExecOptions& exec) const override {
+    cpu::validate_backward(shard, spec, in, grad);
+    if (shard.rows == 0 || shard.cols == 0) return;
+    simd::BackwardJob job;
+    job.data = shard.data;
+    job.dtype = shard.dtype;
+    job.row_stride = shard.row_stride;
+    job.cols = shard.cols;
+    job.vocab_start = spec.vocab_start;
+    job.geometry = spec.geometry;
+    job.temperature = spec.temperature;
+    job.lse = in.lse.data();
+    job.entropy = in.grad_entropy.empty() ? nullptr : in.entropy.data();
+    job.target_local = in.target_local.data();
+    job.grad_logp = in.grad_logp.empty() ? nullptr : in.grad_logp.data();
+    job.grad_lse = in.grad_lse.empty() ? nullptr : in.grad_lse.data();
+    job.grad_entropy = in.grad_entropy.empty() ? nullptr : in.grad_entropy.data();
+    job.grad = grad.data;
+    job.grad_row_stride = grad.row_stride;
+    job.stream_stores =
+        shard.rows * shard.cols * static_cast<int64_t>(dtype_size(shard.dtype)) >= kStreamBytes;
+    const int threads = thread_count(exec, shard.rows, shard.cols);
+    const auto fn = ops_.backward_rows;
+    parallel_rows(shard.rows, threads, [&](int64_t b, int64_t e) { fn(job, b, e); });
+  }
+
+ private:
+  simd::TargetOps ops_;
+};
+
+// Every supported target's kernels, best first; built once, immutable afterwards.
+const std::vector<std::unique_ptr<HighwayKernels>>& all_kernels() {
+  static const std::vector<std::unique_ptr<HighwayKernels>> kernels = [] {
+    std::vector<std::unique_ptr<HighwayKernels>> v;
+    for (const simd::TargetOps& ops : simd::supported_target_ops()) {
+      v.push_back(std::make_unique<HighwayKernels>(ops));
+    }
+    if (v.empty()) throw std::runtime_error("detlogp: no Highway SIMD target is available");
+    return v;
+  }();
+  return kernels;
+}
+
+}  // namespace
+
+const ShardKernels& simd_kernels() { return *all_kernels().front(); }
+
+std::vector<std::string> simd_targets() {
+  std::vector<std::string> names;
+  for (const simd::TargetOps& ops : simd::supported_target_ops()) names.emplace_back(ops.name);
+  return names;
+}
+
+const ShardKernels& simd_kernels_for(std::string_view target) {
+  for (const auto& k : all_kernels()) {
+    if (k->name() == std::string("highway:") + std::string(target)) return *k;
+  }
+  std::string known;
+  for (const std::string& t : simd_targets()) known += (known.empty() ? "" : ", ") + t;
+  throw std::runtime_error("detlogp: SIMD target '" + std::string(target) +
+                           "' is not available on this CPU (available: " + known + ")");
+}
+
+}  // namespace detlogp
