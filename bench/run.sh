@@ -21,3 +21,21 @@ else
   : > "$out/torch.jsonl"
 fi
 /usr/bin/python3 "$here/summarize.py" "$out/kernels.jsonl" "$out/torch.jsonl"
+
+# The operator under MPI: TP=1 with two threads against TP=2 with one thread per rank, same work.
+if [ -x "$build/bin/bench_operator_mpi" ]; then
+  mpi=(mpiexec --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+       --mca btl_vader_single_copy_mechanism none)
+  echo "operator under MPI (Qwen3 shapes, bf16, $rows tokens, forward + backward):"
+  "${mpi[@]}" -n 1 "$build/bin/bench_operator_mpi" --tokens "$rows" --threads 2 | tee "$out/op1.json"
+  "${mpi[@]}" -n 2 "$build/bin/bench_operator_mpi" --tokens "$rows" --threads 1 | tee "$out/op2.json"
+  /usr/bin/python3 - "$out/op1.json" "$out/op2.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"  TP=2 (1 thread/rank) vs TP=1 (2 threads): forward {b['forward_s'] / a['forward_s']:.3f}x, "
+      f"backward {b['backward_s'] / a['backward_s']:.3f}x (goal <= 1.15x)")
+print(f"  bytes sent per rank per forward at TP=2: {b['preflight_bytes_per_rank']} preflight + "
+      f"{b['payload_bytes_per_rank_with_entropy']} payload = {100 * b['sent_fraction_of_shard']:.3f}% "
+      f"of its {b['shard_bytes'] / 1e6:.1f} MB shard (goal <= 1%); preflight {b['preflight_us']:.1f} us")
+PY
+fi
