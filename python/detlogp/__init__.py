@@ -1,0 +1,41 @@
+"""detlogp: deterministic vocab-parallel log-probabilities (Python package).
+
+    import detlogp
+    contract = detlogp.LogprobContract(role="train", dtype="bf16", mask=..., sharding=...)
+    op, provenance = detlogp.get_logprob_op(contract)
+    logp, lse = op(local_logits, target_ids, contract=contract, group=tp_group)
+
+See docs/python.md. The contract types keep the seed's class and field names
+(shared/reference/seed-semantics.md section 1); every validation failure raises
+``LogprobContractError`` (a ValueError).
+"""
+
+from . import _detlogp
+from ._comm import Communicator, SelfComm, TorchDistributedComm
+from ._contract import (LogprobBackendCapability, LogprobContract, LogprobOutputSpec, MaskSpec,
+                        OutputSpec, ReductionSpec, ShardingSpec, even_bounds,
+                        even_tile_aligned_bounds, megatron_bounds, megatron_padded_vocab)
+from ._detlogp import LogprobContractError
+from ._enums import (IMPLEMENTATION_KINDS, RESERVED_DISPATCH_POLICIES, DeterminismScope,
+                     DowncastPoint, DType, Engine, ImplementationKind, MaskMode, Merge,
+                     MergeAxis, ReductionOrder, Role, TPPlacement, Transport)
+from ._op import LogprobDispatchResult, LogprobForward, LogprobOp, get_logprob_op
+
+__version__ = _detlogp.version()
+NUMERICS_VERSION = _detlogp.NUMERICS_VERSION
+DEFAULT_TILE_WIDTH = _detlogp.DEFAULT_TILE_WIDTH
+CPU_CANONICAL_BACKEND_ID = _detlogp.CPU_CANONICAL_BACKEND_ID
+CPU_REFERENCE_BACKEND_ID = _detlogp.CPU_REFERENCE_BACKEND_ID
+CPU_BATCH_INVARIANT_BACKEND_ID = _detlogp.CPU_BATCH_INVARIANT_BACKEND_ID
+
+__all__ = [
+    "LogprobContractError", "LogprobContract", "ShardingSpec", "MaskSpec", "ReductionSpec",
+    "LogprobOutputSpec", "OutputSpec", "LogprobBackendCapability", "Role", "DType", "Merge",
+    "MergeAxis", "ReductionOrder", "Transport", "DowncastPoint", "Engine", "TPPlacement",
+    "DeterminismScope", "MaskMode", "ImplementationKind", "RESERVED_DISPATCH_POLICIES",
+    "IMPLEMENTATION_KINDS", "get_logprob_op", "LogprobDispatchResult", "LogprobOp",
+    "LogprobForward", "Communicator", "SelfComm", "TorchDistributedComm", "even_bounds",
+    "even_tile_aligned_bounds", "megatron_bounds", "megatron_padded_vocab", "NUMERICS_VERSION",
+    "DEFAULT_TILE_WIDTH", "CPU_CANONICAL_BACKEND_ID", "CPU_REFERENCE_BACKEND_ID",
+    "CPU_BATCH_INVARIANT_BACKEND_ID", "__version__",
+]

@@ -1,0 +1,89 @@
+"""Communicators: a torch.distributed process group as detlogp's transport.
+
+detlogp's C++ operator talks to a ``Communicator`` (include/detlogp/comm.hpp): rank, size,
+an all-gather of equal-size byte buffers and a barrier. ``TorchDistributedComm`` is one whose
+collectives call back into Python (taking the GIL) and run ``torch.distributed.all_gather``
+over uint8 tensors of the given process group (gloo on CPU), and ``dist.barrier(group)``.
+The buffers are wrapped, not copied (``torch.frombuffer``); a collective only moves bytes.
+"""
+
+from . import _detlogp
+from ._detlogp import LogprobContractError
+
+Communicator = _detlogp.Communicator
+SelfComm = _detlogp.SelfComm
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+class _Callbacks:
+    """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
+    two bound methods)."""
+
+    def __init__(self, group, size):
+        self.group = group
+        self.size = size
+
+    def all_gather(self, send_view, recv_view, in_place):
+        import torch
+
+        dist = _dist()
+        n = len(send_view)
+        if n == 0:
+            # Zero bytes still synchronise, like every collective; gloo cannot all-gather
+            # empty tensors (it divides by the size), so gather one dummy byte instead.
+            outs = [torch.empty(1, dtype=torch.uint8) for _ in range(self.size)]
+            dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group)
+            return
+        send = torch.frombuffer(send_view, dtype=torch.uint8)
+        if in_place:  # send is our own block of recv: gather from a private copy
+            send = send.clone()
+        recv = torch.frombuffer(recv_view, dtype=torch.uint8)
+        outs = list(recv.split(n))  # views into recv, in rank order
+        dist.all_gather(outs, send, group=self.group)
+        del outs, recv, send
+
+    def barrier(self):
+        _dist().barrier(group=self.group)
+
+
+def TorchDistributedComm(group=None):  # noqa: N802 - reads as a class at call sites
+    """A detlogp Communicator over a torch.distributed process group.
+
+    ``group=None`` means the default (world) group. The process group must be initialized
+    (``torch.distributed.init_process_group``) and this process must be a member of it.
+    """
+    dist = _dist()
+    if not dist.is_available() or not dist.is_initialized():
+        raise LogprobContractError(
+            "a torch.distributed group requires an initialized process group "
+            "(torch.distributed.init_process_group) on every TP rank")
+    if group is None:
+        group = dist.group.WORLD
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise LogprobContractError("this process is not a member of the given process group")
+    size = dist.get_world_size(group)
+    backend = dist.get_backend(group)
+    cb = _Callbacks(group, size)
+    return _detlogp.CallbackComm(rank, size, f"torch.distributed:{backend}", cb.all_gather,
+                                 cb.barrier)
+
+
+def communicator_for(group, tp_world_size):
+    """The Communicator of an op call: ``group=None`` is the group of one (SelfComm); a
+    torch.distributed ProcessGroup (or ``torch.distributed.group.WORLD``) is wrapped; a detlogp
+    Communicator is used as is."""
+    if isinstance(group, Communicator):
+        return group
+    if group is None:
+        if tp_world_size > 1:
+            raise LogprobContractError(
+                f"tp_world_size={tp_world_size} requires an initialized process group: pass "
+                "group=<the TP process group> (torch.distributed), not None")
+        return None  # SelfComm, made in C++
+    return TorchDistributedComm(group)

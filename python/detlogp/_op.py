@@ -1,0 +1,340 @@
+"""The vocab-parallel logprob op on NumPy arrays and torch tensors, with autograd.
+
+``get_logprob_op(contract)`` dispatches through the C++ registry and returns a
+``LogprobDispatchResult`` that unpacks as ``(op, provenance)``. The op is called as
+
+    logp, lse = op(local_logits, target_ids, contract=contract, group=None)
+    logp, lse, entropy = op(..., entropy=True)
+
+The logits are never copied: the C++ operator reads the caller's buffer (any row stride, last
+dimension contiguous) and backward reads it again, so the logits must stay alive and
+unchanged until backward is done (for torch tensors that require grad, autograd keeps them
+alive and refuses a backward after an in-place change).
+"""
+
+import json
+
+import numpy as np
+
+from . import _detlogp
+from ._checks import check_bool, check_int
+from ._comm import communicator_for
+from ._contract import LogprobBackendCapability, LogprobContract
+from ._detlogp import LogprobContractError
+
+__all__ = ["LogprobOp", "LogprobForward", "LogprobDispatchResult", "get_logprob_op"]
+
+_NUMPY_DTYPES = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return None
+    return torch
+
+
+def _is_tensor(x):
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch_dtype_name(dtype):
+    torch = _torch()
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype)
+
+
+def _logits_view(x):
+    """(address, dtype, rows, cols, row_stride) of a 2-D logits buffer, without copying."""
+    if _is_tensor(x):
+        if x.device.type != "cpu":
+            raise LogprobContractError(
+                f"local_logits must be a CPU tensor; got device {x.device} (the CUDA backend "
+                "is not built)")
+        if x.layout != _torch().strided:
+            raise LogprobContractError(f"local_logits must be a strided tensor; got {x.layout}")
+        dtype = _torch_dtype_name(x.dtype)
+        if dtype is None:
+            raise LogprobContractError(
+                f"local_logits dtype {x.dtype} is not supported; expected torch.bfloat16, "
+                "torch.float16 or torch.float32")
+        if x.dim() != 2:
+            raise LogprobContractError(
+                f"local_logits must be 2-D [num_tokens, local_vocab]; got shape "
+                f"{tuple(x.shape)}")
+        rows, cols = x.shape
+        s0, s1 = x.stride()
+        address = x.data_ptr()
+    elif isinstance(x, np.ndarray):
+        dtype = _NUMPY_DTYPES.get(x.dtype)
+        if dtype is None:
+            raise LogprobContractError(
+                f"local_logits dtype {x.dtype} is not supported; expected float16 or float32 "
+                "(bf16 logits: pass a torch.bfloat16 tensor)")
+        if x.ndim != 2:
+            raise LogprobContractError(
+                f"local_logits must be 2-D [num_tokens, local_vocab]; got shape {x.shape}")
+        rows, cols = x.shape
+        item = x.itemsize
+        if any(s % item for s in x.strides) or any(s < 0 for s in x.strides):
+            raise LogprobContractError(
+                f"local_logits strides {x.strides} must be non-negative multiples of the "
+                f"element size {item}")
+        s0, s1 = x.strides[0] // item, x.strides[1] // item
+        address = x.__array_interface__["data"][0]
+    else:
+        raise LogprobContractError(
+            f"local_logits must be a torch.Tensor or a numpy.ndarray; got {type(x).__name__}")
+    if cols > 1 and s1 != 1:
+        raise LogprobContractError(
+            f"local_logits must be contiguous in its last dimension (any row stride); got "
+            f"strides {(s0, s1)} in elements. detlogp never copies logits: pass "
+            "x.contiguous() explicitly if a copy is acceptable")
+    row_stride = s0 if rows > 1 else max(s0, cols)
+    return address, dtype, rows, cols, row_stride
+
+
+def _targets(t):
+    """target_ids as a contiguous int64 NumPy array (a small [tokens] copy is fine)."""
+    if _is_tensor(t):
+        torch = _torch()
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise LogprobContractError(f"target_ids must hold integers; got dtype {t.dtype}")
+        if t.dim() != 1:
+            raise LogprobContractError(
+                f"target_ids must be 1-D with one entry per token; got shape {tuple(t.shape)}")
+        return t.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
+    a = np.asarray(t)
+    if a.dtype.kind not in "iu":
+        raise LogprobContractError(f"target_ids must hold integers; got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise LogprobContractError(
+            f"target_ids must be 1-D with one entry per token; got shape {a.shape}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _grad_array(g):
+    """An incoming per-token gradient as a contiguous fp32 NumPy array, or None."""
+    if g is None:
+        return None
+    if _is_tensor(g):
+        return g.detach().to(device="cpu", dtype=_torch().float32).contiguous().numpy()
+    return np.ascontiguousarray(g, dtype=np.float32)
+
+
+class LogprobForward:
+    """The outputs of one forward (``logp``, ``lse``, ``entropy`` or None; torch tensors for
+    torch input, NumPy arrays for NumPy input) and ``backward()`` for this rank's shard.
+
+    Holds a reference to the logits: they must stay unchanged until backward is done.
+    """
+
+    __slots__ = ("_handle", "_logits", "_torch_out", "logp", "lse", "entropy")
+
+    def __init__(self, handle, logits):
+        self._handle = handle
+        self._logits = logits
+        self._torch_out = _is_tensor(logits)
+        convert = _torch().from_numpy if self._torch_out else (lambda a: a)
+        self.logp = convert(handle.logp)
+        self.lse = convert(handle.lse)
+        ent = handle.entropy
+        self.entropy = None if ent is None else convert(ent)
+
+    @property
+    def saved_logits_data_ptr(self):
+        """Address of the logits buffer backward reads: the caller's (no copy was made)."""
+        return self._handle.saved_logits_data_ptr
+
+    def outputs(self):
+        if self.entropy is None:
+            return self.logp, self.lse
+        return self.logp, self.lse, self.entropy
+
+    def backward(self, grad_logp=None, grad_lse=None, grad_entropy=None, out=None):
+        """Gradient of this rank's logits shard for the given per-token output gradients
+        (None: not supplied). Returns a new array/tensor of the logits' shape and dtype (or
+        writes into ``out``, which must have that shape and dtype). No collective."""
+        x = self._logits
+        if out is None:
+            if self._torch_out:
+                out = _torch().empty(tuple(x.shape), dtype=x.dtype)
+            else:
+                out = np.empty(x.shape, dtype=x.dtype)
+        address, dtype, rows, cols, row_stride = _logits_view(out)
+        if _is_tensor(out) and out.requires_grad:
+            raise LogprobContractError("out must not require grad")
+        if isinstance(out, np.ndarray) and not out.flags.writeable:
+            raise LogprobContractError("out must be writeable")
+        self._handle.backward(grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
+                              grad_entropy=_grad_array(grad_entropy), out_ptr=address,
+                              out_dtype=dtype, out_rows=rows, out_cols=cols,
+                              out_row_stride=row_stride)
+        return out
+
+
+def _check_call(contract, deterministic, validate, entropy):
+    if not isinstance(contract, LogprobContract):
+        raise LogprobContractError("contract must be a LogprobContract")
+    check_bool(deterministic, "deterministic")
+    check_bool(validate, "validate")
+    check_bool(entropy, "entropy")
+
+
+def _make_function():
+    torch = _torch()
+    from torch.autograd.function import once_differentiable
+
+    class LogprobFunction(torch.autograd.Function):
+        """logits -> (logp, lse[, entropy]); backward: the C++ backward, in the logits dtype."""
+
+        @staticmethod
+        def forward(ctx, logits, run):
+            fwd = run(logits)
+            outputs = fwd.outputs()
+            # ctx keeps what backward needs, not the outputs (no reference cycle through them).
+            fwd.logp = fwd.lse = fwd.entropy = None
+            ctx.fwd = fwd
+            ctx.save_for_backward(logits)  # keeps it alive; detects in-place changes
+            ctx.set_materialize_grads(False)
+            return outputs
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad_logp, grad_lse, grad_entropy=None):
+            ctx.saved_tensors  # raises if the logits were modified in place since forward
+            if grad_logp is None and grad_lse is None and grad_entropy is None:
+                return None, None
+            grad = ctx.fwd.backward(grad_logp, grad_lse, grad_entropy)
+            return grad, None
+
+    return LogprobFunction
+
+
+_FUNCTION = None
+
+
+def _function():
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _make_function()
+    return _FUNCTION
+
+
+class LogprobOp:
+    """A logprob backend handed out by ``get_logprob_op`` (a C++ LogprobOp)."""
+
+    __slots__ = ("_cpp",)
+
+    def __init__(self, cpp_op):
+        self._cpp = cpp_op
+
+    @property
+    def backend_id(self):
+        return self._cpp.backend_id
+
+    @property
+    def kernel_name(self):
+        """The kernels that run (e.g. "highway:AVX2", "scalar-reference")."""
+        return self._cpp.kernel_name
+
+    def __repr__(self):
+        return f"LogprobOp(backend_id={self.backend_id!r}, kernels={self.kernel_name!r})"
+
+    def forward(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
+                validate=True, entropy=False, threads=0):
+        """One forward without autograd: a ``LogprobForward`` (outputs + explicit backward).
+
+        ``threads``: CPU threads of the kernels (0: all); the bits never depend on it.
+        """
+        _check_call(contract, deterministic, validate, entropy)
+        threads = check_int(threads, "threads", "non-negative")
+        address, dtype, rows, cols, row_stride = _logits_view(local_logits)
+        targets = _targets(target_ids)
+        comm = communicator_for(group, contract.sharding.tp_world_size)
+        handle = self._cpp.forward(
+            ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
+            owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
+            deterministic=deterministic, validate=validate, entropy=entropy, threads=threads)
+        return LogprobForward(handle, local_logits)
+
+    def __call__(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
+                 validate=True, entropy=False):
+        """``(logp, lse)`` or ``(logp, lse, entropy)``, fp32 [tokens], replicated on every TP
+        rank. Torch input gives torch tensors attached to autograd when the logits require
+        grad (gradients in the logits dtype); NumPy input gives NumPy arrays."""
+        _check_call(contract, deterministic, validate, entropy)
+        torch = _torch() if _is_tensor(local_logits) else None
+        if torch is not None and local_logits.requires_grad and torch.is_grad_enabled():
+
+            def run(logits):
+                return self.forward(logits, target_ids, contract=contract, group=group,
+                                    deterministic=deterministic, validate=validate,
+                                    entropy=entropy)
+
+            return _function().apply(local_logits, run)
+        logits = local_logits.detach() if torch is not None else local_logits
+        return self.forward(logits, target_ids, contract=contract, group=group,
+                            deterministic=deterministic, validate=validate,
+                            entropy=entropy).outputs()
+
+    # The seed's names.
+    apply = __call__
+
+    def apply_with_entropy(self, local_logits, target_ids, *, contract, group=None,
+                           deterministic=True, validate=True):
+        return self(local_logits, target_ids, contract=contract, group=group,
+                    deterministic=deterministic, validate=validate, entropy=True)
+
+
+class LogprobDispatchResult:
+    """What ``get_logprob_op`` returns. Unpacks as ``op, provenance = get_logprob_op(c)``.
+
+    Attributes: ``op`` (LogprobOp), ``capability`` (LogprobBackendCapability), ``provenance``
+    (dict, JSON-serializable: requested_backend, actual_backend, backend_enum, platform,
+    fallback, prior_rejections, contract, capability, numerics version, kernel), and the
+    shortcuts ``requested_backend``, ``actual_backend``, ``platform``, ``fallback``,
+    ``prior_rejections``.
+    """
+
+    __slots__ = ("op", "capability", "provenance", "requested_backend", "actual_backend",
+                 "backend_name", "platform", "fallback", "prior_rejections")
+
+    def __init__(self, d):
+        self.op = LogprobOp(d.op)
+        self.capability = LogprobBackendCapability._from_cpp(d.capability)
+        self.provenance = json.loads(d.provenance_json)
+        self.requested_backend = d.requested_backend
+        self.actual_backend = d.actual_backend
+        self.backend_name = d.backend_name
+        self.platform = d.platform
+        self.fallback = d.fallback
+        self.prior_rejections = tuple(d.prior_rejections)
+
+    def __iter__(self):
+        return iter((self.op, self.provenance))
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return (self.op, self.provenance)[i]
+
+    def __repr__(self):
+        return (f"LogprobDispatchResult(actual_backend={self.actual_backend!r}, "
+                f"fallback={self.fallback})")
+
+
+def get_logprob_op(contract, requested_backend="auto"):
+    """Contract dispatch (seed-semantics.md section 3.2) through the C++ registry.
+
+    ``requested_backend``: "auto" (first fitting candidate), "production", "reference"
+    (case-insensitive), or an exact backend id. Raises LogprobContractError for a bad request
+    and RuntimeError listing every rejection when no backend fits (never a silent fallback).
+    """
+    if not isinstance(contract, LogprobContract):
+        raise LogprobContractError("contract must be a LogprobContract")
+    if not isinstance(requested_backend, str):
+        raise LogprobContractError("requested_backend must be a non-empty string")
+    return LogprobDispatchResult(_detlogp.get_logprob_op(contract._cpp, requested_backend))

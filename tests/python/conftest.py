@@ -1,0 +1,41 @@
+"""Shared helpers of the detlogp Python tests (run by `make test` as the ctest entry
+python_pytest, under /usr/bin/python3 with PYTHONPATH=<build>/python)."""
+
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(os.environ.get("DETLOGP_SOURCE_DIR", pathlib.Path(__file__).parents[2]))
+HERE = pathlib.Path(__file__).parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+try:
+    import detlogp  # noqa: F401
+except ImportError:  # a direct `pytest tests/python` from the repo after `make`
+    for build in ("build", "build-py"):
+        candidate = REPO / build / "python"
+        if (candidate / "detlogp").is_dir():
+            sys.path.insert(0, str(candidate))
+            break
+
+import detlogp  # noqa: E402,F401
+
+
+def pytest_configure(config):
+    # The kernels' thread count never changes the bits; keep torch from oversubscribing the
+    # two shared cores of CI.
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
