@@ -27,7 +27,7 @@ build-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 run: build
-	@./$(BUILD)/bin/detlogp --version   # becomes `detlogp run` with the CLI issue
+	@./$(BUILD)/bin/detlogp run
 
 test: build build-asan
 	@cd $(BUILD) && ctest --output-on-failure -j 1

@@ -1,0 +1,175 @@
+"""detlogp logprob on small files: values against a float64 reference, bitwise equality across
+--tp, every input format and dtype, provenance and metadata."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from cli_helpers import (bf16_bits_to_f32, raw_tensor_bytes, read_safetensors, reference,
+                         run_cli, to_bf16_bits, write_safetensors)
+
+ROWS, PADDED, REAL = 7, 1024, 1000
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.0, 2.0, size=(ROWS, PADDED)).astype(np.float32)
+    for r in range(ROWS):
+        x[r, rng.integers(0, REAL, size=3)] = rng.uniform(8, 20, size=3)
+    x[:, REAL:] = 3e4  # padding: would dominate if it leaked
+    t = rng.integers(0, REAL, size=ROWS).astype(np.int64)
+    mask = np.ones(ROWS, dtype=bool)
+    mask[[0, 4]] = False
+    t[0] = -100
+    t[4] = REAL + 7  # inactive: unconstrained
+    gl = rng.uniform(-1, 1, ROWS).astype(np.float32)
+    gL = rng.uniform(-0.3, 0.3, ROWS).astype(np.float32)
+    gH = rng.uniform(-0.1, 0.1, ROWS).astype(np.float32)
+    return dict(x=x, t=t, mask=mask, gl=gl, gL=gL, gH=gH, dir=tmp_path)
+
+
+def save_npy(d, **arrays):
+    for name, a in arrays.items():
+        np.save(d / f"{name}.npy", a)
+
+
+def test_fp32_npy_matches_float64_reference(inputs):
+    d = inputs["dir"]
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"],
+             gl=inputs["gl"], gL=inputs["gL"], gH=inputs["gH"])
+    p = run_cli("logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+                "mask.npy", "--real-vocab", REAL, "--entropy", "--grad-logp", "gl.npy",
+                "--grad-lse", "gL.npy", "--grad-entropy", "gH.npy", "--out", "out.safetensors",
+                cwd=d)
+    assert p.returncode == 0, p.stderr
+    out, meta = read_safetensors(d / "out.safetensors")
+    assert sorted(out) == ["entropy", "grad_logits", "logp", "lse"]
+    logp, lse, h, grad = reference(inputs["x"], inputs["t"], inputs["mask"], REAL,
+                                   gl=inputs["gl"], gL=inputs["gL"], gH=inputs["gH"])
+    assert out["logp"][0] == "F32" and out["grad_logits"][0] == "F32"
+    np.testing.assert_allclose(out["logp"][1], logp, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["entropy"][1], h, atol=1e-5, rtol=0)
+    g = out["grad_logits"][1]
+    assert g.shape == (ROWS, PADDED)
+    np.testing.assert_allclose(g[:, :REAL], grad, atol=1e-5, rtol=0)
+    assert np.all(g[:, REAL:] == 0)
+    assert out["logp"][1][0] == 0 and out["logp"][1][4] == 0  # inactive tokens
+    assert meta["real_vocab"] == str(REAL) and len(meta["contract_fingerprint"]) == 64
+
+
+def test_bf16_safetensors_bitwise_equal_across_tp(inputs):
+    d = inputs["dir"]
+    bits = to_bf16_bits(inputs["x"])
+    # One file holding every input; each option picks its tensor by name.
+    write_safetensors(d / "batch.safetensors",
+                      {"logits": bits, "targets": inputs["t"], "mask": inputs["mask"],
+                       "grad_logp": inputs["gl"], "grad_lse": inputs["gL"],
+                       "grad_entropy": inputs["gH"]}, bf16={"logits"})
+    f = "batch.safetensors"
+    outs = {}
+    for tp in (1, 2, 3, 8):
+        p = run_cli("logprob", "--logits", f, "--targets", f, "--mask", f, "--real-vocab", REAL,
+                    "--tp", tp, "--tile-width", 64, "--entropy", "--grad-logp", f, "--grad-lse", f,
+                    "--grad-entropy", f, "--out", f"out{tp}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+        outs[tp] = {k: raw_tensor_bytes(d / f"out{tp}.safetensors", k)
+                    for k in ("logp", "lse", "entropy", "grad_logits")}
+    for tp in (2, 3, 8):
+        assert outs[tp] == outs[1], f"TP={tp} differs from TP=1"
+    out, _ = read_safetensors(d / "out1.safetensors")
+    assert out["grad_logits"][0] == "BF16"
+    widened = bf16_bits_to_f32(bits)
+    logp, lse, h, grad = reference(widened, inputs["t"], inputs["mask"], REAL,
+                                   gl=inputs["gl"], gL=inputs["gL"], gH=inputs["gH"])
+    np.testing.assert_allclose(out["logp"][1], logp, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=1e-5, rtol=0)
+    g = bf16_bits_to_f32(out["grad_logits"][1])
+    # Rounded to bf16 at the final write: within half a bf16 ulp (2^-9 relative) + 1e-5.
+    assert np.all(np.abs(g[:, :REAL] - grad) <= 1e-5 + np.abs(grad) * 2.0**-8)
+    assert np.all(g[:, REAL:] == 0)
+
+
+def test_fp16_num_vocab_tiles_temperature_int32_u8(inputs):
+    d = inputs["dir"]
+    x16 = inputs["x"].copy()
+    x16[:, REAL:] = 6e4
+    x16 = x16.astype(np.float16)
+    save_npy(d, logits=x16, targets=inputs["t"].astype(np.int32),
+             mask=inputs["mask"].astype(np.uint8), gl=inputs["gl"])
+    p = run_cli("logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+                "mask.npy", "--real-vocab", REAL, "--num-vocab-tiles", 16, "--tp", 4,
+                "--temperature", 0.7, "--grad-logp", "gl.npy", "--out", "out.safetensors", cwd=d)
+    assert p.returncode == 0, p.stderr
+    out, meta = read_safetensors(d / "out.safetensors")
+    assert "entropy" not in out and meta["tile_width"] == "64"
+    logp, lse, _, grad = reference(x16.astype(np.float32), inputs["t"], inputs["mask"], REAL,
+                                   temperature=0.7, gl=inputs["gl"])
+    np.testing.assert_allclose(out["logp"][1], logp, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=1e-5, rtol=0)
+    assert out["grad_logits"][0] == "F16"
+    g = out["grad_logits"][1].astype(np.float64)
+    assert np.all(np.abs(g[:, :REAL] - grad) <= 1e-5 + np.abs(grad) * 2.0**-11 + 2.0**-25)
+
+
+def test_no_gradient_no_mask_defaults(inputs):
+    d = inputs["dir"]
+    t = np.where(inputs["t"] < 0, 5, inputs["t"]) % REAL
+    save_npy(d, logits=inputs["x"][:, :REAL], targets=t)
+    p = run_cli("logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--out",
+                "out.safetensors", cwd=d)
+    assert p.returncode == 0, p.stderr
+    out, _ = read_safetensors(d / "out.safetensors")
+    assert sorted(out) == ["logp", "lse"]  # no entropy, no gradient asked for
+    logp, lse, _, _ = reference(inputs["x"][:, :REAL], t, np.ones(ROWS, bool), REAL)
+    np.testing.assert_allclose(out["logp"][1], logp, atol=1e-5, rtol=0)
+
+
+def test_reference_backend_same_bits_and_provenance(inputs):
+    d = inputs["dir"]
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"])
+    common = ["logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+              "mask.npy", "--real-vocab", REAL, "--entropy", "--tp", 2]
+    p1 = run_cli(*common, "--out", "a.safetensors", "--provenance", "a.json", cwd=d)
+    p2 = run_cli(*common, "--backend", "reference", "--out", "b.safetensors", "--provenance",
+                 "b.json", cwd=d)
+    assert p1.returncode == 0 and p2.returncode == 0, p1.stderr + p2.stderr
+    for k in ("logp", "lse", "entropy"):
+        assert raw_tensor_bytes(d / "a.safetensors", k) == raw_tensor_bytes(d / "b.safetensors", k)
+    a = json.loads((d / "a.json").read_text())
+    b = json.loads((d / "b.json").read_text())
+    assert a["actual_backend"] == "cpu-canonical-vocab-parallel-logp"
+    assert b["actual_backend"] == "cpu-reference-vocab-parallel-logp"
+    assert len(a["contract_fingerprint"]) == 64
+    assert a["contract_fingerprint"] == b["contract_fingerprint"]
+
+
+def test_nondeterministic_mode_is_accurate(inputs):
+    d = inputs["dir"]
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"])
+    p = run_cli("logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+                "mask.npy", "--real-vocab", REAL, "--tp", 2, "--deterministic", "false",
+                "--out", "out.safetensors", "--provenance", "p.json", cwd=d)
+    assert p.returncode == 0, p.stderr
+    out, meta = read_safetensors(d / "out.safetensors")
+    assert meta["deterministic"] == "false"
+    logp, lse, _, _ = reference(inputs["x"], inputs["t"], inputs["mask"], REAL)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["logp"][1], logp, atol=1e-5, rtol=0)
+    prov = json.loads((d / "p.json").read_text())
+    assert "fixed_topology" in json.dumps(prov)
+
+
+def test_overwrites_existing_output_atomically(inputs):
+    d = inputs["dir"]
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"])
+    (d / "out.safetensors").write_bytes(b"old")
+    p = run_cli("logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+                "mask.npy", "--real-vocab", REAL, "--out", "out.safetensors", cwd=d)
+    assert p.returncode == 0, p.stderr
+    out, _ = read_safetensors(d / "out.safetensors")
+    assert out["logp"][1].shape == (ROWS,)
+    assert sorted(os.listdir(d)) == ["logits.npy", "mask.npy", "out.safetensors", "targets.npy"]

@@ -1,0 +1,85 @@
+#pragma once
+// What every command of the detlogp command line shares: exit codes, the usage error, and the
+// commands' entry points (one file each; main.cpp registers their options with CLI11).
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace detlogp::cli {
+
+// 0 success; 1 a check failed (run: bitwise or accuracy; drift: fail verdict; bench never);
+// 2 bad input or usage (a one-line message on stderr naming the file and the problem).
+enum ExitCode : int { kExitOk = 0, kExitCheckFailed = 1, kExitBadInput = 2 };
+
+// A usage problem found by a command (bad option value or combination). Exit 2.
+class UsageError : public std::invalid_argument {
+ public:
+  explicit UsageError(const std::string& what) : std::invalid_argument(what) {}
+};
+
+struct RunOptions {
+  int64_t tokens = 1024;
+  int64_t real_vocab = 151936;
+  std::string dtype = "bf16";
+  std::string tp;  // in-process: a list (empty: 1,2,4); MPI: one degree (empty: world / cp)
+  int64_t cp = 1;
+  int64_t tile_width = 128;
+  int threads = 0;  // 0: all hardware threads, split across the ranks of a group
+  uint64_t seed = 2026;
+  float temperature = 1.0f;
+  std::string backend = "auto";
+  std::string comm = "auto";  // auto | in-process | mpi
+  bool json = false;
+};
+
+struct LogprobOptions {
+  std::string logits, targets, mask;
+  std::optional<int64_t> real_vocab;
+  int64_t tp = 1;
+  std::optional<int64_t> tile_width;
+  std::optional<int64_t> num_vocab_tiles;
+  float temperature = 1.0f;
+  std::string backend = "auto";
+  bool entropy = false;
+  std::string grad_logp, grad_lse, grad_entropy;
+  bool deterministic = true;
+  int threads = 0;
+  std::string out;
+  std::string provenance;
+};
+
+struct DriftOptions {
+  std::string candidate, reference, mask;
+  std::string dtype = "bf16";
+  bool json = false;
+};
+
+struct BenchOptions {
+  int64_t tokens = 1024;
+  int64_t real_vocab = 151936;
+  std::string dtype = "bf16";
+  int threads = 0;
+  int repeats = 5;
+  uint64_t seed = 2026;
+  bool json = false;
+};
+
+// Each returns the process exit code; bad input throws (ContractError, UsageError), which
+// main() reports and turns into exit 2.
+int run_command(const RunOptions& options, int* argc, char*** argv);
+int run_mpi_command(const RunOptions& options, int* argc, char*** argv);  // DETLOGP_CLI_WITH_MPI
+int logprob_command(const LogprobOptions& options);
+int drift_command(const DriftOptions& options);
+int bench_command(const BenchOptions& options);
+
+// Total threads: `requested`, or every hardware thread when 0.
+int resolve_threads(int requested);
+// Rank r's share of `total` threads over `ranks` ranks (earlier ranks take the remainder; at
+// least 1 each).
+int rank_threads(int total, int ranks, int rank);
+// "1,2,4" -> {1, 2, 4}; UsageError for anything else (option named in the message).
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
+
+}  // namespace detlogp::cli

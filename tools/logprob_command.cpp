@@ -1,0 +1,192 @@
+// `detlogp logprob`: logprobs, LSE, entropy and the logits gradient of tensors read from
+// .safetensors / .npy files (docs/file-formats.md), computed through the registry on an
+// in-process TP group, written atomically to one .safetensors file.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "cli.hpp"
+#include "detlogp/version.hpp"
+#include "io/file.hpp"
+#include "io/tensor_file.hpp"
+#include "scoring.hpp"
+
+namespace detlogp::cli {
+namespace {
+
+// A [tokens] tensor of one value per token of the logits, else ContractError naming the file.
+void check_per_token(const io::Tensor& t, const std::string& path, int64_t tokens,
+                     const std::string& logits_path) {
+  if (t.shape.size() != 1 || t.shape[0] != tokens) {
+    throw ContractError(
+        fmt::format("{}: tensor '{}' has shape {}; expected [{}] (one value per token of {})", path,
+                    t.name, io::format_shape(t.shape), tokens, logits_path));
+  }
+}
+
+std::vector<float> read_grad(const std::string& path, const char* name, int64_t tokens,
+                             const std::string& logits_path) {
+  if (path.empty()) return {};
+  const io::Tensor t = io::read_tensor(path, name);
+  std::vector<float> v = io::to_float_vector(t, path);
+  check_per_token(t, path, tokens, logits_path);
+  return v;
+}
+
+int64_t resolve_tile_width(const LogprobOptions& o, int64_t padded) {
+  if (o.num_vocab_tiles) {
+    const int64_t k = *o.num_vocab_tiles;
+    if (k <= 0 || padded % k != 0) {
+      throw UsageError(
+          fmt::format("--num-vocab-tiles {} must be > 0 and divide the padded vocabulary {} of {}",
+                      k, padded, o.logits));
+    }
+    return padded / k;
+  }
+  const int64_t w = o.tile_width.value_or(kDefaultTileWidth);
+  if (w <= 0) throw UsageError(fmt::format("--tile-width must be > 0; got {}", w));
+  return w;
+}
+
+}  // namespace
+
+int logprob_command(const LogprobOptions& o) {
+  // Options first, so that nothing is read (or computed) for a command that cannot succeed.
+  if (io::tensor_file_format(o.out) != io::TensorFileFormat::safetensors) {
+    throw UsageError(fmt::format(
+        "{}: --out must be a .safetensors file (it holds logp, lse, entropy, grad_logits)", o.out));
+  }
+  if (o.tp < 1) throw UsageError(fmt::format("--tp must be >= 1; got {}", o.tp));
+  if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
+    throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
+  }
+  if (!o.grad_entropy.empty() && !o.entropy) {
+    throw UsageError("--grad-entropy needs --entropy (the entropy gradient needs the entropy)");
+  }
+  if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
+
+  // Inputs.
+  const io::Tensor logits_t = io::read_tensor(o.logits, "logits");
+  const LogitsView logits = io::as_logits_view(logits_t, o.logits);
+  const int64_t tokens = logits.rows, padded = logits.cols;
+  if (tokens == 0 || padded == 0) {
+    throw ContractError(
+        fmt::format("{}: tensor '{}' has shape {}; expected [tokens > 0, vocab > 0]", o.logits,
+                    logits_t.name, io::format_shape(logits_t.shape)));
+  }
+  const io::Tensor targets_t = io::read_tensor(o.targets, "targets");
+  const std::vector<int64_t> targets = io::to_int64_vector(targets_t, o.targets);
+  check_per_token(targets_t, o.targets, tokens, o.logits);
+  std::vector<bool> active(static_cast<std::size_t>(tokens), true);
+  if (!o.mask.empty()) {
+    const io::Tensor mask_t = io::read_tensor(o.mask, "mask");
+    const std::vector<uint8_t> mask = io::to_mask_vector(mask_t, o.mask);
+    check_per_token(mask_t, o.mask, tokens, o.logits);
+    for (std::size_t i = 0; i < mask.size(); ++i) active[i] = mask[i] != 0;
+  }
+  const int64_t real = o.real_vocab.value_or(padded);
+  if (real < 1 || real > padded) {
+    throw UsageError(fmt::format("--real-vocab {} must be in [1, {}] (the width of {})", real,
+                                 padded, o.logits));
+  }
+  for (int64_t i = 0; i < tokens; ++i) {
+    if (active[i] && (targets[i] < 0 || targets[i] >= real)) {
+      throw ContractError(
+          fmt::format("{}: target {} of active token {} is outside the real vocabulary [0, {})",
+                      o.targets, targets[i], i, real));
+    }
+  }
+  const std::vector<float> grad_logp = read_grad(o.grad_logp, "grad_logp", tokens, o.logits);
+  const std::vector<float> grad_lse = read_grad(o.grad_lse, "grad_lse", tokens, o.logits);
+  const std::vector<float> grad_entropy =
+      read_grad(o.grad_entropy, "grad_entropy", tokens, o.logits);
+
+  // The TP layout: whole tiles, the first ranks take the extra tiles.
+  const int64_t w = resolve_tile_width(o, padded);
+  const std::vector<VocabRange> bounds = even_tile_aligned_bounds(padded, o.tp, w);
+  ScoreRequest req{
+      .dtype = logits.dtype,
+      .real_vocab = real,
+      .padded_vocab = padded,
+      .bounds = bounds,
+      .tile_width = w,
+      .temperature = o.temperature,
+      .backend = o.backend,
+      .deterministic = o.deterministic,
+      .entropy = o.entropy,
+      .targets = targets,
+      .active = &active,
+      .grads = {.grad_logp = grad_logp, .grad_lse = grad_lse, .grad_entropy = grad_entropy}};
+  const bool backward = wants_backward(req.grads);
+  io::Tensor grad_t{.name = "grad_logits",
+                    .dtype = logits_t.dtype,
+                    .shape = {tokens, padded},
+                    .data = std::vector<std::byte>(backward ? logits_t.data.size() : 0)};
+  const MutableLogitsView grad =
+      backward ? io::as_mutable_logits_view(grad_t, o.out) : MutableLogitsView{};
+  std::vector<RankScore> ranks;
+  try {
+    ranks = score_in_process(req, logits, grad, resolve_threads(o.threads));
+  } catch (const ContractError& e) {
+    // What the operator still refuses is about the logits (a non-finite active row).
+    throw ContractError(fmt::format("{}: {}", o.logits, e.what()));
+  }
+  const RankScore& r0 = ranks[0];
+
+  // Outputs: the provenance's temp file first (a bad path fails before anything is written),
+  // then the tensors, then the provenance; each is atomic.
+  std::optional<io::AtomicOutputFile> provenance;
+  if (!o.provenance.empty()) provenance.emplace(o.provenance);
+  const int64_t n = tokens;
+  std::vector<io::TensorRef> out;
+  const std::vector<int64_t> shape1{n};
+  auto as_ref = [&](const char* name, const std::vector<float>& v) {
+    return io::TensorRef{name, io::TensorDType::F32, shape1, std::as_bytes(std::span(v))};
+  };
+  out.push_back(as_ref("logp", r0.result.logp));
+  out.push_back(as_ref("lse", r0.result.lse));
+  if (o.entropy) out.push_back(as_ref("entropy", r0.result.entropy));
+  if (backward) out.push_back(grad_t.ref());
+  const io::Metadata metadata{{"producer", fmt::format("detlogp {}", version())},
+                              {"numerics_version", std::string(kNumericsVersion)},
+                              {"backend", r0.actual_backend},
+                              {"kernel", r0.kernel},
+                              {"contract_fingerprint", r0.contract_fingerprint},
+                              {"real_vocab", std::to_string(real)},
+                              {"tp", std::to_string(o.tp)},
+                              {"tile_width", std::to_string(w)},
+                              {"temperature", fmt::format("{}", o.temperature)},
+                              {"deterministic", o.deterministic ? "true" : "false"}};
+  io::write_tensors(o.out, out, metadata);
+  std::string names;
+  for (const io::TensorRef& t : out) names += (names.empty() ? "" : ", ") + std::string(t.name);
+  const std::string summary = fmt::format(
+      "wrote {}: {} for {} tokens ({} active) x {} vocab ({} real), {}, TP {}, tile width {}, "
+      "backend {} ({})\n",
+      o.out, names, tokens, std::count(active.begin(), active.end(), true), padded, real,
+      to_string(logits.dtype), o.tp, w, r0.actual_backend, r0.kernel);
+  if (provenance) {
+    nlohmann::json j = nlohmann::json::parse(r0.provenance_json);
+    j["contract_fingerprint"] = r0.contract_fingerprint;
+    const std::string text = j.dump(2) + "\n";
+    try {
+      provenance->write(std::as_bytes(std::span(text)));
+      provenance->commit();
+    } catch (...) {
+      std::error_code ec;
+      std::filesystem::remove(o.out, ec);  // all or nothing
+      throw;
+    }
+  }
+  std::fputs(summary.c_str(), stdout);
+  if (provenance) std::printf("wrote %s\n", o.provenance.c_str());
+  return kExitOk;
+}
+
+}  // namespace detlogp::cli

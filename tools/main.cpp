@@ -1,0 +1,163 @@
+// detlogp command line: parses the options of each command with CLI11 and dispatches.
+// Exit codes: 0 success, 1 a check failed, 2 bad input or usage (one line on stderr).
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "cli.hpp"
+#include "detlogp/detlogp.hpp"
+
+namespace {
+
+using namespace detlogp::cli;
+
+// Messages stay on one line (a registry rejection list may hold newlines).
+std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+void add_run(CLI::App& app, RunOptions& o) {
+  app.add_option("--tokens", o.tokens, "tokens in the batch")->capture_default_str();
+  app.add_option("--real-vocab", o.real_vocab, "real (tokenizer) vocabulary")
+      ->capture_default_str();
+  app.add_option("--dtype", o.dtype, "logits dtype: bf16, fp16 or fp32")->capture_default_str();
+  app.add_option("--tp", o.tp,
+                 "TP degrees, comma-separated (in-process, default 1,2,4); one degree under "
+                 "--comm mpi (default: processes / cp)");
+  app.add_option("--cp", o.cp, "CP degree (--comm mpi only): tokens split across CP ranks")
+      ->capture_default_str();
+  app.add_option("--tile-width", o.tile_width, "vocab tile width W")->capture_default_str();
+  app.add_option("--threads", o.threads, "threads in total (0: all hardware threads)")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the synthetic batch")->capture_default_str();
+  app.add_option("--temperature", o.temperature, "scores use logits / temperature")
+      ->capture_default_str();
+  app.add_option("--backend", o.backend, "registry request: auto, production, reference or an id")
+      ->capture_default_str();
+  app.add_option("--comm", o.comm, "auto (mpi when launched by mpirun), in-process or mpi")
+      ->capture_default_str();
+  app.add_flag("--json", o.json, "print one JSON object instead of the table");
+}
+
+void add_logprob(CLI::App& app, LogprobOptions& o) {
+  app.add_option("--logits", o.logits, "[tokens, padded] BF16/F16/F32 (.safetensors or .npy)")
+      ->required();
+  app.add_option("--targets", o.targets, "[tokens] I64/I32")->required();
+  app.add_option("--mask", o.mask, "[tokens] BOOL/U8 (default: all active)");
+  app.add_option("--real-vocab", o.real_vocab, "real vocabulary (default: the logits' width)");
+  app.add_option("--tp", o.tp, "TP degree: tile-aligned shards on the in-process group")
+      ->capture_default_str();
+  auto* tw = app.add_option("--tile-width", o.tile_width, "vocab tile width W (default 128)");
+  auto* nt = app.add_option("--num-vocab-tiles", o.num_vocab_tiles,
+                            "K tiles: W = padded / K (must divide)");
+  tw->excludes(nt);
+  nt->excludes(tw);
+  app.add_option("--temperature", o.temperature, "scores use logits / temperature")
+      ->capture_default_str();
+  app.add_option("--backend", o.backend, "registry request")->capture_default_str();
+  app.add_flag("--entropy", o.entropy, "also compute the entropy");
+  app.add_option("--grad-logp", o.grad_logp, "[tokens] F32 upstream gradient of logp");
+  app.add_option("--grad-lse", o.grad_lse, "[tokens] F32 upstream gradient of lse");
+  app.add_option("--grad-entropy", o.grad_entropy,
+                 "[tokens] F32 upstream gradient of entropy (needs --entropy)");
+  app.add_option("--deterministic", o.deterministic,
+                 "true: the canon (cross-TP bitwise); false: fixed-topology fast mode")
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "threads in total (0: all)")->capture_default_str();
+  app.add_option("--out", o.out, "output .safetensors (logp, lse, entropy, grad_logits)")
+      ->required();
+  app.add_option("--provenance", o.provenance, "write the dispatch provenance JSON here");
+}
+
+void add_drift(CLI::App& app, DriftOptions& o) {
+  app.add_option("--candidate", o.candidate, "[tokens] F32 logprobs (e.g. recomputed)")->required();
+  app.add_option("--reference", o.reference, "[tokens] F32 logprobs (e.g. rollout)")->required();
+  app.add_option("--mask", o.mask, "[tokens] BOOL/U8 (default: all active)");
+  app.add_option("--dtype", o.dtype, "tolerance table: bf16, fp16 or fp32")->capture_default_str();
+  app.add_flag("--json", o.json, "print the report as JSON");
+}
+
+void add_bench(CLI::App& app, BenchOptions& o) {
+  app.add_option("--tokens", o.tokens, "tokens")->capture_default_str();
+  app.add_option("--real-vocab", o.real_vocab, "vocabulary")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "logits dtype")->capture_default_str();
+  app.add_option("--threads", o.threads, "threads (0: all)")->capture_default_str();
+  app.add_option("--repeats", o.repeats, "timed repetitions (median reported)")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the synthetic logits")->capture_default_str();
+  app.add_flag("--json", o.json, "print JSON");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"detlogp: deterministic vocab-parallel log-probabilities"};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "print the version");
+
+  RunOptions run_opts;
+  LogprobOptions logprob_opts;
+  DriftOptions drift_opts;
+  BenchOptions bench_opts;
+  CLI::App* run = app.add_subcommand(
+      "run", "the main job: a synthetic Qwen3-shaped batch at TP 1, 2, 4, checked bitwise");
+  CLI::App* logprob = app.add_subcommand("logprob", "logprobs (and gradients) of tensor files");
+  CLI::App* drift = app.add_subcommand("drift", "drift report of two logprob files");
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks of the CPU backend");
+  CLI::App* version_cmd = app.add_subcommand("version", "print the version");
+  for (CLI::App* sub : {run, logprob, drift, bench}) {
+    sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  add_run(*run, run_opts);
+  add_logprob(*logprob, logprob_opts);
+  add_drift(*drift, drift_opts);
+  add_bench(*bench, bench_opts);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "detlogp: " << one_line(e.what()) << " (see detlogp --help)\n";
+    return kExitBadInput;
+  }
+  const char* command = "detlogp";
+  try {
+    if (version || version_cmd->parsed()) {
+      std::cout << "detlogp " << detlogp::version() << " (numerics " << detlogp::kNumericsVersion
+                << ")\n";
+      return kExitOk;
+    }
+    if (run->parsed()) {
+      command = "detlogp run";
+      return run_command(run_opts, &argc, &argv);
+    }
+    if (logprob->parsed()) {
+      command = "detlogp logprob";
+      return logprob_command(logprob_opts);
+    }
+    if (drift->parsed()) {
+      command = "detlogp drift";
+      return drift_command(drift_opts);
+    }
+    if (bench->parsed()) {
+      command = "detlogp bench";
+      return bench_command(bench_opts);
+    }
+    std::cerr << app.help();
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    // ContractError and UsageError (bad input), std::runtime_error (no backend fits, a file
+    // system failure): all reported on one line, exit 2.
+    std::cerr << command << ": error: " << one_line(e.what()) << "\n";
+    return kExitBadInput;
+  }
+}

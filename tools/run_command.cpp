@@ -1,0 +1,189 @@
+// `detlogp run`: the README's main job. A seeded synthetic Qwen3-shaped batch through the
+// registry at every requested TP degree on the in-process rank group (forward with entropy,
+// backward with all three gradients), checked bitwise across TP degrees and against a float64
+// reference. Under `mpirun ... detlogp run --comm mpi` the work goes to run_mpi.cpp.
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli.hpp"
+#include "progress.hpp"
+#include "run_checks.hpp"
+#include "run_report.hpp"
+#include "scoring.hpp"
+#include "synthetic.hpp"
+
+namespace detlogp::cli {
+namespace {
+
+// "auto": mpi when launched by mpirun/srun with MPI built in, else in-process.
+std::string resolve_comm(const std::string& comm) {
+  if (comm == "in-process" || comm == "mpi") return comm;
+  if (comm != "auto") {
+    throw UsageError("--comm must be one of: auto, in-process, mpi; got '" + comm + "'");
+  }
+#ifdef DETLOGP_CLI_WITH_MPI
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(var) != nullptr) return "mpi";
+  }
+#endif
+  return "in-process";
+}
+
+void check_common(const RunOptions& o) {
+  if (o.tokens <= 0) throw UsageError(fmt::format("--tokens must be > 0; got {}", o.tokens));
+  if (o.real_vocab <= 0) {
+    throw UsageError(fmt::format("--real-vocab must be > 0; got {}", o.real_vocab));
+  }
+  if (o.tile_width <= 0) {
+    throw UsageError(fmt::format("--tile-width must be > 0; got {}", o.tile_width));
+  }
+  if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
+    throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
+  }
+  if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
+  parse_dtype(o.dtype, "--dtype");
+}
+
+}  // namespace
+
+int resolve_threads(int requested) {
+  if (requested > 0) return requested;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+int rank_threads(int total, int ranks, int rank) {
+  return std::max(1, total / ranks + (rank < total % ranks ? 1 : 0));
+}
+
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+  std::vector<int64_t> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || v <= 0) {
+      throw UsageError(fmt::format(
+          "{} must be a comma-separated list of positive integers; got '{}'", option, text));
+    }
+    out.push_back(v);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int run_command(const RunOptions& o, int* argc, char*** argv) {
+  const std::string comm = resolve_comm(o.comm);
+  check_common(o);
+  if (comm == "mpi") {
+#ifdef DETLOGP_CLI_WITH_MPI
+    return run_mpi_command(o, argc, argv);
+#else
+    (void)argc;
+    (void)argv;
+    throw UsageError("--comm mpi: this detlogp was built without MPI (DETLOGP_WITH_MPI=OFF)");
+#endif
+  }
+  if (o.cp != 1) throw UsageError("--cp needs --comm mpi (context parallelism splits processes)");
+  const std::vector<int64_t> tps = parse_int_list(o.tp.empty() ? "1,2,4" : o.tp, "--tp");
+  const DType dtype = parse_dtype(o.dtype, "--dtype");
+  const int threads = resolve_threads(o.threads);
+  const SyntheticSpec spec{
+      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .seed = o.seed};
+
+  std::vector<VocabLayout> layouts;
+  int64_t stride = o.real_vocab;  // one buffer wide enough for every TP degree's padding
+  for (int64_t tp : tps) {
+    layouts.push_back(run_layout(o.real_vocab, tp, o.tile_width));
+    stride = std::max(stride, layouts.back().padded_vocab_size);
+  }
+
+  Progress progress(true);
+  progress.step("[run] generating synthetic logits...");
+  const std::size_t esz = dtype_size(dtype);
+  const std::size_t bytes = static_cast<std::size_t>(o.tokens * stride) * esz;
+  std::vector<std::byte> logits(bytes), grad(bytes);
+  fill_logits(spec, 0, o.tokens, 0, stride, logits.data(), stride, threads);
+  const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
+
+  RunReport report;
+  report.options = o;
+  report.comm = "in-process";
+  report.threads = threads;
+  for (bool a : rows.active) report.active_tokens += a ? 1 : 0;
+
+  for (std::size_t k = 0; k < tps.size(); ++k) {
+    const int64_t tp = tps[k];
+    const VocabLayout& layout = layouts[k];
+    const std::string tag = fmt::format("[tp {}] ", tp);
+    ScoreRequest req{.dtype = dtype,
+                     .real_vocab = o.real_vocab,
+                     .padded_vocab = layout.padded_vocab_size,
+                     .bounds = layout.vocab_shard_bounds,
+                     .tile_width = o.tile_width,
+                     .temperature = o.temperature,
+                     .backend = o.backend,
+                     .entropy = true,
+                     .targets = rows.targets,
+                     .active = &rows.active,
+                     .grads = {.grad_logp = rows.grad_logp,
+                               .grad_lse = rows.grad_lse,
+                               .grad_entropy = rows.grad_entropy},
+                     .on_phase = [&](const std::string& p) { progress.step(tag + p + "..."); }};
+    // Garbage (all bits set: NaN) so that a column backward does not write shows.
+    std::memset(grad.data(), 0xff, grad.size());
+    const LogitsView full{.data = logits.data(),
+                          .dtype = dtype,
+                          .rows = o.tokens,
+                          .cols = layout.padded_vocab_size,
+                          .row_stride = stride};
+    const MutableLogitsView grad_view{.data = grad.data(),
+                                      .dtype = dtype,
+                                      .rows = o.tokens,
+                                      .cols = layout.padded_vocab_size,
+                                      .row_stride = stride};
+    std::vector<RankScore> ranks = score_in_process(req, full, grad_view, threads);
+    progress.step(tag + "checking...");
+    const LogitsView grad_read{.data = grad.data(),
+                               .dtype = dtype,
+                               .rows = o.tokens,
+                               .cols = layout.padded_vocab_size,
+                               .row_stride = stride};
+    const LogprobResult& res = ranks[0].result;
+    TpRunReport r;
+    r.tp = tp;
+    r.padded_vocab = layout.padded_vocab_size;
+    r.actual_backend = ranks[0].actual_backend;
+    r.kernel = ranks[0].kernel;
+    r.contract_fingerprint = ranks[0].contract_fingerprint;
+    r.provenance = nlohmann::json::parse(ranks[0].provenance_json);
+    for (const RankScore& s : ranks) {
+      r.forward_seconds = std::max(r.forward_seconds, s.forward_seconds);
+      r.backward_seconds = std::max(r.backward_seconds, s.backward_seconds);
+    }
+    r.replicated = outputs_replicated(ranks);
+    r.padding_grad_zero = padding_is_zero(grad_read, o.real_vocab);
+    r.digests = compute_digests(res.logp, res.lse, res.entropy, grad_read, o.real_vocab);
+    r.bitwise_equal = report.runs.empty() || r.digests == report.runs.front().digests;
+    r.accuracy =
+        check_sampled_rows(spec, rows, o.temperature, res.logp, res.lse, res.entropy, grad_read);
+    report.runs.push_back(std::move(r));
+  }
+  progress.clear();
+  if (o.json) {
+    std::cout << run_report_json(report).dump(2) << "\n";
+  } else {
+    std::cout << format_run_report(report);
+  }
+  return report.passed() ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace detlogp::cli

@@ -1,0 +1,316 @@
+// `mpirun -np N detlogp run --comm mpi [--tp T --cp C]`: the world splits into C TP groups of T
+// processes (split_tp_cp); tokens are split contiguously across CP ranks (the first N % C take
+// one extra); each process generates only its token slice x vocab shard of the synthetic batch
+// and scores it on its TP group; rank 0 gathers every slice's outputs and every process's
+// gradient block and reports on the whole batch, so its digests equal the in-process TP=1
+// digests of the same options.
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "cli.hpp"
+#include "detlogp/mpi_comm.hpp"
+#include "progress.hpp"
+#include "run_checks.hpp"
+#include "run_report.hpp"
+#include "scoring.hpp"
+#include "synthetic.hpp"
+
+namespace detlogp::cli {
+namespace {
+
+struct TokenSlice {
+  int64_t start = 0;
+  int64_t count = 0;
+};
+
+TokenSlice token_slice(int64_t tokens, int64_t cp, int64_t cp_rank) {
+  const int64_t base = tokens / cp, extra = tokens % cp;
+  return {cp_rank * base + std::min(cp_rank, extra), base + (cp_rank < extra ? 1 : 0)};
+}
+
+// Point-to-point in chunks (MPI counts are int).
+constexpr std::size_t kChunk = std::size_t{1} << 30;
+
+void send_bytes(const void* data, std::size_t n, int dest) {
+  const auto* p = static_cast<const char*>(data);
+  for (std::size_t off = 0; off < n; off += kChunk) {
+    const int count = static_cast<int>(std::min(kChunk, n - off));
+    mpi_check(MPI_Send(p + off, count, MPI_BYTE, dest, 0, MPI_COMM_WORLD), "MPI_Send");
+  }
+}
+
+void recv_bytes(void* data, std::size_t n, int source) {
+  auto* p = static_cast<char*>(data);
+  for (std::size_t off = 0; off < n; off += kChunk) {
+    const int count = static_cast<int>(std::min(kChunk, n - off));
+    mpi_check(MPI_Recv(p + off, count, MPI_BYTE, source, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+  }
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// Every TP rank's logp, lse and entropy equal (all-gathered over the TP group).
+bool replicated_in_group(Communicator& tp_group, const LogprobResult& res) {
+  bool ok = true;
+  for (const std::vector<float>* v : {&res.logp, &res.lse, &res.entropy}) {
+    std::vector<float> all(v->size() * static_cast<std::size_t>(tp_group.size()));
+    all_gather(tp_group, std::span<const float>(*v), std::span<float>(all));
+    for (int r = 0; r < tp_group.size(); ++r) {
+      if (std::memcmp(all.data() + r * v->size(), v->data(), v->size() * sizeof(float)) != 0) {
+        ok = false;
+      }
+    }
+  }
+  return ok;
+}
+
+struct Topology {
+  int64_t tp = 1, cp = 1;
+};
+
+// Checked identically on every process before any collective.
+Topology topology(const RunOptions& o, int world) {
+  if (o.cp < 1) throw UsageError(fmt::format("--cp must be >= 1; got {}", o.cp));
+  Topology t{.tp = 0, .cp = o.cp};
+  if (o.tp.empty()) {
+    t.tp = world / o.cp;
+  } else {
+    const std::vector<int64_t> tps = parse_int_list(o.tp, "--tp");
+    if (tps.size() != 1) {
+      throw UsageError("--tp takes one degree under --comm mpi (the processes form TP x CP)");
+    }
+    t.tp = tps[0];
+  }
+  if (t.tp < 1 || t.tp * t.cp != world) {
+    throw UsageError(
+        fmt::format("world size {} does not match TP*CP = {} x {} (launch TP x CP processes)",
+                    world, t.tp, t.cp));
+  }
+  if (o.tokens < t.cp) {
+    throw UsageError(fmt::format("--tokens {} is fewer than the CP degree {}", o.tokens, t.cp));
+  }
+  return t;
+}
+
+// Everything that fails the same way on every process, checked before any collective: the
+// topology, and whether the registry can serve the request at all (TP rank 0's contract).
+void preflight(const RunOptions& o, int world) {
+  const Topology topo = topology(o, world);
+  const VocabLayout layout = run_layout(o.real_vocab, topo.tp, o.tile_width);
+  const TokenSlice slice = token_slice(o.tokens, topo.cp, 0);
+  const std::vector<int64_t> targets(static_cast<std::size_t>(slice.count), 0);
+  const std::vector<bool> active(targets.size(), true);
+  const ScoreRequest req{.dtype = parse_dtype(o.dtype, "--dtype"),
+                         .real_vocab = o.real_vocab,
+                         .padded_vocab = layout.padded_vocab_size,
+                         .bounds = layout.vocab_shard_bounds,
+                         .tile_width = o.tile_width,
+                         .temperature = o.temperature,
+                         .backend = o.backend,
+                         .cp_size = topo.cp,
+                         .targets = targets,
+                         .active = &active};
+  Registry::global().get_logprob_op(make_contract(req, 0), o.backend);
+}
+
+int run_on_world(const RunOptions& o, const MpiComm& world) {
+  const int n = world.size();
+  const int me = world.rank();
+  const Topology topo = topology(o, n);
+  const DType dtype = parse_dtype(o.dtype, "--dtype");
+  const VocabLayout layout = run_layout(o.real_vocab, topo.tp, o.tile_width);
+  const SyntheticSpec spec{
+      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .seed = o.seed};
+  const int total_threads = resolve_threads(o.threads);
+  const int threads = rank_threads(total_threads, n, me);
+  const std::size_t esz = dtype_size(dtype);
+
+  MpiTpCpGroups groups = split_tp_cp(world, static_cast<int>(topo.tp), static_cast<int>(topo.cp));
+  const RankPlacement& pl = groups.placement;
+  const TokenSlice slice = token_slice(o.tokens, topo.cp, pl.cp_rank);
+  const VocabRange shard = layout.vocab_shard_bounds[static_cast<std::size_t>(pl.tp_rank)];
+
+  Progress progress(me == 0);
+  const std::string tag = fmt::format("[tp {} x cp {}] ", topo.tp, topo.cp);
+  progress.step(tag + "generating synthetic logits...");
+  std::vector<std::byte> logits(static_cast<std::size_t>(slice.count * shard.size()) * esz);
+  std::vector<std::byte> grad(logits.size());
+  fill_logits(spec, slice.start, slice.start + slice.count, shard.start, shard.end, logits.data(),
+              shard.size(), threads);
+  const SyntheticRows rows = synthetic_rows(spec, slice.start, slice.start + slice.count);
+  ScoreRequest req{.dtype = dtype,
+                   .real_vocab = o.real_vocab,
+                   .padded_vocab = layout.padded_vocab_size,
+                   .bounds = layout.vocab_shard_bounds,
+                   .tile_width = o.tile_width,
+                   .temperature = o.temperature,
+                   .backend = o.backend,
+                   .entropy = true,
+                   .cp_rank = pl.cp_rank,
+                   .cp_size = topo.cp,
+                   .targets = rows.targets,
+                   .active = &rows.active,
+                   .grads = {.grad_logp = rows.grad_logp,
+                             .grad_lse = rows.grad_lse,
+                             .grad_entropy = rows.grad_entropy},
+                   .on_phase = [&](const std::string& p) { progress.step(tag + p + "..."); }};
+  std::memset(grad.data(), 0xff, grad.size());
+  const LogitsView shard_view{.data = logits.data(),
+                              .dtype = dtype,
+                              .rows = slice.count,
+                              .cols = shard.size(),
+                              .row_stride = shard.size()};
+  const MutableLogitsView grad_view{.data = grad.data(),
+                                    .dtype = dtype,
+                                    .rows = slice.count,
+                                    .cols = shard.size(),
+                                    .row_stride = shard.size()};
+  RankScore score = score_rank(groups.tp_group, req, shard_view, grad_view, threads);
+  progress.step(tag + "gathering...");
+
+  // Verdicts and timings over the world.
+  const int64_t real_cols = std::clamp<int64_t>(o.real_vocab - shard.start, 0, shard.size());
+  const LogitsView grad_read{.data = grad.data(),
+                             .dtype = dtype,
+                             .rows = slice.count,
+                             .cols = shard.size(),
+                             .row_stride = shard.size()};
+  int flags[2] = {replicated_in_group(groups.tp_group, score.result) ? 1 : 0,
+                  padding_is_zero(grad_read, real_cols) ? 1 : 0};
+  int all_flags[2] = {0, 0};
+  mpi_check(MPI_Reduce(flags, all_flags, 2, MPI_INT, MPI_MIN, 0, MPI_COMM_WORLD), "MPI_Reduce");
+  double times[2] = {score.forward_seconds, score.backward_seconds};
+  double max_times[2] = {0, 0};
+  mpi_check(MPI_Reduce(times, max_times, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD), "MPI_Reduce");
+
+  // This process's gradient block, real columns only, packed row by row.
+  std::vector<std::byte> packed(static_cast<std::size_t>(slice.count * real_cols) * esz);
+  for (int64_t r = 0; r < slice.count; ++r) {
+    std::memcpy(packed.data() + static_cast<std::size_t>(r * real_cols) * esz,
+                grad.data() + static_cast<std::size_t>(r * shard.size()) * esz,
+                static_cast<std::size_t>(real_cols) * esz);
+  }
+  if (me != 0) {
+    if (pl.tp_rank == 0) {
+      for (const auto* v : {&score.result.logp, &score.result.lse, &score.result.entropy}) {
+        send_bytes(v->data(), v->size() * sizeof(float), 0);
+      }
+    }
+    send_bytes(packed.data(), packed.size(), 0);
+  }
+  int code = kExitOk;
+  if (me == 0) {
+    std::vector<float> logp(static_cast<std::size_t>(o.tokens)), lse(logp.size()),
+        entropy(logp.size());
+    std::vector<std::byte> full(static_cast<std::size_t>(o.tokens * o.real_vocab) * esz);
+    for (int r = 0; r < n; ++r) {
+      const RankPlacement p =
+          place_rank(r, n, static_cast<int>(topo.tp), static_cast<int>(topo.cp));
+      const TokenSlice s = token_slice(o.tokens, topo.cp, p.cp_rank);
+      const VocabRange b = layout.vocab_shard_bounds[static_cast<std::size_t>(p.tp_rank)];
+      const int64_t cols = std::clamp<int64_t>(o.real_vocab - b.start, 0, b.size());
+      if (p.tp_rank == 0) {
+        for (std::vector<float>* v : {&logp, &lse, &entropy}) {
+          float* dst = v->data() + s.start;
+          const std::vector<float>& mine = v == &logp  ? score.result.logp
+                                           : v == &lse ? score.result.lse
+                                                       : score.result.entropy;
+          if (r == 0) {
+            std::memcpy(dst, mine.data(), mine.size() * sizeof(float));
+          } else {
+            recv_bytes(dst, static_cast<std::size_t>(s.count) * sizeof(float), r);
+          }
+        }
+      }
+      std::vector<std::byte> block;
+      if (r == 0) {
+        block = std::move(packed);
+      } else {
+        block.resize(static_cast<std::size_t>(s.count * cols) * esz);
+        recv_bytes(block.data(), block.size(), r);
+      }
+      for (int64_t row = 0; row < s.count; ++row) {
+        std::memcpy(
+            full.data() + static_cast<std::size_t>((s.start + row) * o.real_vocab + b.start) * esz,
+            block.data() + static_cast<std::size_t>(row * cols) * esz,
+            static_cast<std::size_t>(cols) * esz);
+      }
+    }
+    progress.step(tag + "checking...");
+    const LogitsView full_grad{.data = full.data(),
+                               .dtype = dtype,
+                               .rows = o.tokens,
+                               .cols = o.real_vocab,
+                               .row_stride = o.real_vocab};
+    const SyntheticRows all_rows = synthetic_rows(spec, 0, o.tokens);
+    RunReport report;
+    report.options = o;
+    report.comm = "mpi";
+    report.world_size = n;
+    report.threads = total_threads;
+    for (bool a : all_rows.active) report.active_tokens += a ? 1 : 0;
+    TpRunReport r;
+    r.tp = topo.tp;
+    r.cp = topo.cp;
+    r.padded_vocab = layout.padded_vocab_size;
+    r.actual_backend = score.actual_backend;
+    r.kernel = score.kernel;
+    r.contract_fingerprint = score.contract_fingerprint;
+    r.provenance = nlohmann::json::parse(score.provenance_json);
+    r.forward_seconds = max_times[0];
+    r.backward_seconds = max_times[1];
+    r.replicated = all_flags[0] == 1;
+    r.padding_grad_zero = all_flags[1] == 1;
+    r.digests = compute_digests(logp, lse, entropy, full_grad, o.real_vocab);
+    r.accuracy = check_sampled_rows(spec, all_rows, o.temperature, logp, lse, entropy, full_grad);
+    report.runs.push_back(std::move(r));
+    progress.clear();
+    if (o.json) {
+      std::cout << run_report_json(report).dump(2) << "\n";
+    } else {
+      std::cout << format_run_report(report);
+    }
+    std::cout.flush();
+    code = report.passed() ? kExitOk : kExitCheckFailed;
+  }
+  mpi_check(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  return code;
+}
+
+}  // namespace
+
+int run_mpi_command(const RunOptions& o, int* argc, char*** argv) {
+  MpiSession session(argc, argv);
+  MpiComm world = MpiComm::world();
+  try {
+    preflight(o, world.size());  // usage errors: the same on every process, reported once
+  } catch (const std::exception&) {
+    if (world.rank() == 0) throw;
+    return kExitBadInput;
+  }
+  try {
+    return run_on_world(o, world);
+  } catch (const std::exception& e) {
+    // A failure on one process would leave the others waiting in a collective: report it
+    // and end the whole job.
+    const std::string line =
+        fmt::format("detlogp run: error on rank {}: {}\n", world.rank(), e.what());
+    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: lines of ranks stay whole
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+    return kExitBadInput;
+  }
+}
+
+}  // namespace detlogp::cli
