@@ -126,12 +126,25 @@ class ShardKernels {
   // Padding columns get exactly +0.
   virtual void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                         const MutableLogitsView& grad, const ExecOptions& exec = {}) const = 0;
+
+  // z of each row's target, as the free function read_target_logits below (which this default
+  // calls: it reads host memory). A backend whose shard lives elsewhere (CUDA: device memory)
+  // overrides it; the operator reads target logits through this member.
+  virtual void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
+                                  std::span<const int64_t> target_local,
+                                  std::span<float> out) const;
 };
 
 // z of each row's target (fp32, divided by the temperature) read from the shard, for rows whose
 // target_local >= 0; other rows get +0.
 void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
                         std::span<const int64_t> target_local, std::span<float> out);
+
+inline void ShardKernels::read_target_logits(const LogitsView& shard, const ShardSpec& spec,
+                                             std::span<const int64_t> target_local,
+                                             std::span<float> out) const {
+  detlogp::read_target_logits(shard, spec, target_local, out);
+}
 
 // The scalar reference implementation.
 const ShardKernels& reference_kernels();

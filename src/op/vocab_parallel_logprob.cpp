@@ -242,7 +242,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
   }
   std::vector<float> target_z(static_cast<std::size_t>(rows));
-  read_target_logits(logits, saved->spec, saved->target_local, target_z);
+  kernels_.read_target_logits(logits, saved->spec, saved->target_local, target_z);
 
   // 4. Pack [rows][width] partials (identity-padded) + [rows] target logits; one all-gather.
   const int64_t pf = partial_floats(opt.entropy);
