@@ -58,31 +58,38 @@ int main(int argc, char** argv) {
       std::mt19937 gen(static_cast<uint32_t>(i * 7919 + 1));
       std::normal_distribution<float> n(0.0f, 2.0f);
       for (int64_t c = 0; c < layout.padded_vocab_size; ++c) {
-        const float v = c < real ? n(gen) + (c % 9973 == static_cast<int64_t>(i % 9973) ? 15.0f : 0.0f)
-                                 : 0.0f;
+        const float v =
+            c < real ? n(gen) + (c % 9973 == static_cast<int64_t>(i % 9973) ? 15.0f : 0.0f) : 0.0f;
         if (c >= b.start && c < b.end) {
-          shard[static_cast<std::size_t>(i * b.size() + (c - b.start))] = detlogp::canon::float_to_bf16(v);
+          shard[static_cast<std::size_t>(i * b.size() + (c - b.start))] =
+              detlogp::canon::float_to_bf16(v);
         }
       }
     }
     std::vector<int64_t> targets(static_cast<std::size_t>(rows));
     for (int64_t i = 0; i < rows; ++i) targets[i] = (i * 104729) % real;
 
-    detlogp::LogprobContract contract({
-        .role = detlogp::Role::train,
-        .dtype = detlogp::DType::bf16,
-        .mask = detlogp::MaskSpec::all_active(rows),
-        .sharding = detlogp::ShardingSpec({.tp_rank = rank,
-                                           .tp_world_size = tp,
-                                           .vocab_shard_bounds = layout.vocab_shard_bounds,
-                                           .real_vocab_size = real,
-                                           .padded_vocab_size = layout.padded_vocab_size})});
+    detlogp::LogprobContract contract(
+        {.role = detlogp::Role::train,
+         .dtype = detlogp::DType::bf16,
+         .mask = detlogp::MaskSpec::all_active(rows),
+         .sharding = detlogp::ShardingSpec({.tp_rank = rank,
+                                            .tp_world_size = tp,
+                                            .vocab_shard_bounds = layout.vocab_shard_bounds,
+                                            .real_vocab_size = real,
+                                            .padded_vocab_size = layout.padded_vocab_size})});
     auto d = detlogp::get_logprob_op(contract, "production");
-    const detlogp::LogitsView view{.data = shard.data(), .dtype = detlogp::DType::bf16,
-                                   .rows = rows, .cols = b.size(), .row_stride = b.size()};
+    const detlogp::LogitsView view{.data = shard.data(),
+                                   .dtype = detlogp::DType::bf16,
+                                   .rows = rows,
+                                   .cols = b.size(),
+                                   .row_stride = b.size()};
     std::vector<uint16_t> grad(shard.size());
-    const detlogp::MutableLogitsView gview{.data = grad.data(), .dtype = detlogp::DType::bf16,
-                                           .rows = rows, .cols = b.size(), .row_stride = b.size()};
+    const detlogp::MutableLogitsView gview{.data = grad.data(),
+                                           .dtype = detlogp::DType::bf16,
+                                           .rows = rows,
+                                           .cols = b.size(),
+                                           .row_stride = b.size()};
     std::vector<float> g(static_cast<std::size_t>(rows), 1.0f);
     const detlogp::ForwardOptions opt{.exec = {.threads = threads}};
 

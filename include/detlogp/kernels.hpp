@@ -41,7 +41,7 @@ struct MutableLogitsView {
 // The tile structure of the whole vocabulary. Depends only on the real vocabulary R and the
 // tile width W, never on the padded size or the TP layout.
 struct TileGeometry {
-  int64_t real_vocab = 0;  // R: columns [R, padded) are padding and never contribute
+  int64_t real_vocab = 0;    // R: columns [R, padded) are padding and never contribute
   int64_t tile_width = 128;  // W
 
   int64_t num_real_tiles() const { return (real_vocab + tile_width - 1) / tile_width; }  // T
@@ -91,14 +91,14 @@ struct RootsOut {
 
 // Per-row inputs of the backward kernel.
 struct BackwardInputs {
-  std::span<const float> lse = {};              // [rows]
-  std::span<const float> entropy = {};          // [rows]; needed when grad_entropy is given
-  std::span<const int64_t> target_local = {};   // [rows]: local column of the target when the row
-                                           // is active and this shard owns it, else -1
-  std::span<const float> grad_logp = {};        // [rows] or empty (not supplied); inactive rows
-                                           // must already be zero
-  std::span<const float> grad_lse = {};         // [rows] or empty
-  std::span<const float> grad_entropy = {};     // [rows] or empty
+  std::span<const float> lse = {};             // [rows]
+  std::span<const float> entropy = {};         // [rows]; needed when grad_entropy is given
+  std::span<const int64_t> target_local = {};  // [rows]: local column of the target when the row
+                                               // is active and this shard owns it, else -1
+  std::span<const float> grad_logp = {};       // [rows] or empty (not supplied); inactive rows
+                                               // must already be zero
+  std::span<const float> grad_lse = {};        // [rows] or empty
+  std::span<const float> grad_entropy = {};    // [rows] or empty
 };
 
 class ShardKernels {

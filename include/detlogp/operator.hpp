@@ -37,9 +37,9 @@ struct SavedForward;
 
 // Outputs of forward, replicated bitwise on every TP rank.
 struct LogprobResult {
-  std::vector<float> logp;     // [tokens] fp32; exactly 0.0 on inactive tokens
-  std::vector<float> lse;      // [tokens] fp32; every token, inactive ones included
-  std::vector<float> entropy;  // [tokens] fp32 when requested, else empty
+  std::vector<float> logp;                    // [tokens] fp32; exactly 0.0 on inactive tokens
+  std::vector<float> lse;                     // [tokens] fp32; every token, inactive ones included
+  std::vector<float> entropy;                 // [tokens] fp32 when requested, else empty
   std::shared_ptr<const SavedForward> saved;  // for backward; holds a view of the logits
 };
 

@@ -28,9 +28,10 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
         backend_id_, sh.tp_world_size(), comm.size()));
   }
   if (opt.entropy) {
-    throw ContractError(fmt::format("{} does not compute the entropy; request a vocab-parallel "
-                                    "backend for entropy=true",
-                                    backend_id_));
+    throw ContractError(
+        fmt::format("{} does not compute the entropy; request a vocab-parallel "
+                    "backend for entropy=true",
+                    backend_id_));
   }
   if (logits.dtype != c.dtype()) {
     throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
@@ -47,7 +48,8 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
   const auto& active = c.mask().active_mask();
   auto saved = std::make_shared<SavedForward>();
   saved->logits = logits;
-  saved->spec = ShardSpec{.vocab_start = 0, .geometry = {.real_vocab = real, .tile_width = 1},
+  saved->spec = ShardSpec{.vocab_start = 0,
+                          .geometry = {.real_vocab = real, .tile_width = 1},
                           .temperature = c.temperature()};
   saved->active.resize(static_cast<std::size_t>(logits.rows));
   saved->target_local.assign(static_cast<std::size_t>(logits.rows), -1);
@@ -118,8 +120,8 @@ void BatchInvariantLogprob::backward(const LogprobResult& fwd, const LogprobGrad
     for (int64_t col = 0; col < x.cols; ++col) {
       float v = 0.0f;
       if (col < real && std::isfinite(lse)) {
-        const float z = canon::scale_logit(
-            cpu::load_as_float(x.data, x.dtype, i * x.row_stride + col), tau);
+        const float z =
+            canon::scale_logit(cpu::load_as_float(x.data, x.dtype, i * x.row_stride + col), tau);
         const float p = std::exp(z - lse);
         v = gl * ((col == s.target_local[i] ? 1.0f : 0.0f) - p) + gz * p;
         if (tau != 1.0f) v = v / tau;

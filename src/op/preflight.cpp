@@ -65,7 +65,8 @@ const Field kAgreedFields[] = {
     {"contract fingerprint", [](const Record& r) { return get_text(r.fingerprint); }},
     {"backend id", [](const Record& r) { return get_text(r.backend_id); }},
     {"numerics version", [](const Record& r) { return get_text(r.numerics_version); }},
-    {"deterministic", [](const Record& r) { return std::string(r.deterministic ? "true" : "false"); }},
+    {"deterministic",
+     [](const Record& r) { return std::string(r.deterministic ? "true" : "false"); }},
     {"tile width", [](const Record& r) { return std::to_string(r.tile_width); }},
     {"row count", [](const Record& r) { return std::to_string(r.rows); }},
 };
@@ -88,8 +89,9 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (!all[r].local_ok) {
       if (static_cast<int>(r) == comm.rank()) throw ContractError(*mine.local_error);
-      throw ContractError(fmt::format("cross-rank preflight failed: rank {} failed local validation: {}",
-                                      r, get_text(all[r].local_error)));
+      throw ContractError(
+          fmt::format("cross-rank preflight failed: rank {} failed local validation: {}", r,
+                      get_text(all[r].local_error)));
     }
   }
   for (const Field& field : kAgreedFields) {
@@ -97,9 +99,9 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
     for (std::size_t r = 1; r < all.size(); ++r) {
       const std::string other = field.show(all[r]);
       if (other != first) {
-        throw ContractError(fmt::format(
-            "cross-rank preflight failed: rank 0 has {} {} but rank {} has {}; {}", field.name,
-            first, r, other, kAgreeOn));
+        throw ContractError(
+            fmt::format("cross-rank preflight failed: rank 0 has {} {} but rank {} has {}; {}",
+                        field.name, first, r, other, kAgreeOn));
       }
     }
   }

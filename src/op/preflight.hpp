@@ -18,9 +18,9 @@ struct PreflightFacts {
   std::string numerics_version;  // kNumericsVersion of this build
   int64_t tile_width = 0;        // resolved W (0 when not deterministic: tiles unused)
   bool deterministic = true;
-  int64_t local_begin = 0;       // this rank's local tile range (deterministic) or columns
+  int64_t local_begin = 0;  // this rank's local tile range (deterministic) or columns
   int64_t local_end = 0;
-  int64_t rows = 0;              // logits rows passed by this rank
+  int64_t rows = 0;  // logits rows passed by this rank
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.
   std::optional<std::string> local_error;

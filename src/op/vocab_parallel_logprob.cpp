@@ -49,9 +49,9 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
         logits.cols, sh.local_vocab_start(), sh.local_vocab_end(), sh.local_vocab_size()));
   }
   if (logits.rows != c.mask().num_tokens()) {
-    throw ContractError(fmt::format(
-        "local_logits has {} rows but the contract's MaskSpec declares num_tokens={}",
-        logits.rows, c.mask().num_tokens()));
+    throw ContractError(
+        fmt::format("local_logits has {} rows but the contract's MaskSpec declares num_tokens={}",
+                    logits.rows, c.mask().num_tokens()));
   }
   if (logits.dtype != c.dtype()) {
     throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
@@ -64,8 +64,8 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
         comm.size(), sh.tp_world_size()));
   }
   if (comm.rank() != sh.tp_rank()) {
-    throw ContractError(fmt::format(
-        "tp_group rank {} does not match the contract tp_rank={}", comm.rank(), sh.tp_rank()));
+    throw ContractError(fmt::format("tp_group rank {} does not match the contract tp_rank={}",
+                                    comm.rank(), sh.tp_rank()));
   }
   if (validate) {
     const auto& active = c.mask().active_mask();
@@ -154,7 +154,8 @@ VocabParallelLogprob::VocabParallelLogprob(const ShardKernels& kernels, std::str
 ForwardTraffic VocabParallelLogprob::traffic(const LogprobContract& c, bool deterministic) {
   const TileGeometry g{.real_vocab = c.sharding().real_vocab_size(), .tile_width = c.tile_width()};
   const int64_t rows = c.mask().num_tokens();
-  const int64_t nodes = deterministic ? static_cast<int64_t>(max_cover(covers_of_all_ranks(c, g))) : 1;
+  const int64_t nodes =
+      deterministic ? static_cast<int64_t>(max_cover(covers_of_all_ranks(c, g))) : 1;
   ForwardTraffic t;
   if (c.sharding().tp_world_size() > 1) {
     t.preflight_bytes_per_rank = op::preflight_record_bytes();
@@ -227,15 +228,15 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   std::vector<std::vector<TreeNode>> covers;
   std::size_t width = 1;  // partials per row on the wire
   if (opt.deterministic) {
-    saved->spec = ShardSpec{.vocab_start = sh.local_vocab_start(), .geometry = geometry,
+    saved->spec = ShardSpec{.vocab_start = sh.local_vocab_start(),
+                            .geometry = geometry,
                             .temperature = c.temperature()};
     covers = covers_of_all_ranks(c, geometry);
     local_nodes = covers[sh.tp_rank()];
     width = max_cover(covers);
   } else {
     saved->spec = local_spec(c);
-    local_nodes = canonical_cover(saved->spec.geometry, 0,
-                                  ceil_div(sh.local_vocab_size(), w));
+    local_nodes = canonical_cover(saved->spec.geometry, 0, ceil_div(sh.local_vocab_size(), w));
   }
   std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
   if (!local_nodes.empty()) {
@@ -260,8 +261,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
         if (pf == 3) row[j * pf + 2] = p.u;
       }
     } else {
-      const canon::Partial p = fold(local.data() + i * local_nodes.size(), local_nodes.size(),
-                                    opt.entropy);
+      const canon::Partial p =
+          fold(local.data() + i * local_nodes.size(), local_nodes.size(), opt.entropy);
       row[0] = p.m;
       row[1] = p.s;
       if (pf == 3) row[2] = p.u;
@@ -293,7 +294,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     for (int64_t i = 0; i < rows; ++i) {
       std::size_t k = 0;
       for (int64_t r = 0; r < tp; ++r) {
-        for (std::size_t j = 0; j < covers[r].size(); ++j) all[i * all_nodes.size() + k++] = unpack(r, i, j);
+        for (std::size_t j = 0; j < covers[r].size(); ++j)
+          all[i * all_nodes.size() + k++] = unpack(r, i, j);
       }
     }
     kernels_.merge_roots(geometry, all_nodes, all, rows,
@@ -341,8 +343,9 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
 void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
                                     const MutableLogitsView& grad) const {
   if (!fwd.saved) {
-    throw ContractError("backward needs the LogprobResult of a forward call (its saved state is "
-                        "empty)");
+    throw ContractError(
+        "backward needs the LogprobResult of a forward call (its saved state is "
+        "empty)");
   }
   const SavedForward& s = *fwd.saved;
   const int64_t rows = s.logits.rows;
@@ -356,8 +359,9 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
   check_len(g.grad_lse, "grad_lse");
   check_len(g.grad_entropy, "grad_entropy");
   if (!g.grad_entropy.empty() && !s.has_entropy) {
-    throw ContractError("grad_entropy was given but forward ran with entropy=false; run forward "
-                        "with entropy=true");
+    throw ContractError(
+        "grad_entropy was given but forward ran with entropy=false; run forward "
+        "with entropy=true");
   }
   if (grad.rows != rows || grad.cols != s.logits.cols || grad.dtype != s.logits.dtype ||
       grad.row_stride < grad.cols || (rows > 0 && grad.data == nullptr)) {

@@ -14,16 +14,16 @@ const std::set<DType> kAllDtypes = {DType::bf16, DType::fp16, DType::fp32};
 // Everything the canon offers: any TP and CP, padding, both mask modes, LSE export, both
 // determinism scopes, any tile width, temperature.
 BackendCapability canonical_capability(std::string_view id, ImplementationKind kind) {
-  return BackendCapability({.backend_id = std::string(id),
-                            .roles = kAllRoles,
-                            .dtypes = kAllDtypes,
-                            .supports_vocab_padding = true,
-                            .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
-                            .exports_vocab_lse = true,
-                            .determinism_scopes = {DeterminismScope::cross_tp_bitwise,
-                                                   DeterminismScope::fixed_topology},
-                            .implementation_kind = kind,
-                            .supports_temperature = true});
+  return BackendCapability(
+      {.backend_id = std::string(id),
+       .roles = kAllRoles,
+       .dtypes = kAllDtypes,
+       .supports_vocab_padding = true,
+       .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
+       .exports_vocab_lse = true,
+       .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
+       .implementation_kind = kind,
+       .supports_temperature = true});
 }
 
 BackendCapability batch_invariant_capability() {
@@ -46,25 +46,26 @@ BackendCapability batch_invariant_capability() {
 
 std::unique_ptr<Registry> Registry::with_builtin_backends() {
   auto r = std::make_unique<Registry>();
-  const Backend batch_invariant{"CPU_BATCH_INVARIANT_LOGP", [] {
-    return std::make_shared<BatchInvariantLogprob>(std::string(kCpuBatchInvariantBackendId));
-  }};
+  const Backend batch_invariant{
+      "CPU_BATCH_INVARIANT_LOGP", [] {
+        return std::make_shared<BatchInvariantLogprob>(std::string(kCpuBatchInvariantBackendId));
+      }};
   const Backend reference{"CPU_REFERENCE_VOCAB_PARALLEL_LOGP", [] {
-    return std::make_shared<VocabParallelLogprob>(reference_kernels(),
-                                                  std::string(kCpuReferenceBackendId));
-  }};
+                            return std::make_shared<VocabParallelLogprob>(
+                                reference_kernels(), std::string(kCpuReferenceBackendId));
+                          }};
   const Backend canonical{"CPU_CANONICAL_VOCAB_PARALLEL_LOGP", [] {
-    return std::make_shared<VocabParallelLogprob>(simd_kernels(),
-                                                  std::string(kCpuCanonicalBackendId));
-  }};
+                            return std::make_shared<VocabParallelLogprob>(
+                                simd_kernels(), std::string(kCpuCanonicalBackendId));
+                          }};
   // Legacy priority list (get_op("batch_invariant_logp")).
   r->register_legacy_backend("batch_invariant_logp", batch_invariant, "cpu");
   // The contract list starts as a copy of it, with the WS1 capability attached...
   r->register_logprob_backend(batch_invariant, batch_invariant_capability(), "cpu");
   // ...then the reference and the production backend go in front.
   r->register_logprob_backend(
-      reference, canonical_capability(kCpuReferenceBackendId, ImplementationKind::reference),
-      "cpu", /*prepend=*/true);
+      reference, canonical_capability(kCpuReferenceBackendId, ImplementationKind::reference), "cpu",
+      /*prepend=*/true);
   r->register_logprob_backend(
       canonical, canonical_capability(kCpuCanonicalBackendId, ImplementationKind::production),
       "cpu", /*prepend=*/true);

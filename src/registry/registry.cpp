@@ -18,7 +18,7 @@
 namespace detlogp {
 
 struct Registry::State {
-  std::map<std::string, Backend, std::less<>> catalogue;  // name -> backend
+  std::map<std::string, Backend, std::less<>> catalogue;                    // name -> backend
   std::map<std::string, std::vector<std::string>, std::less<>> candidates;  // platform -> names
   std::map<std::string, std::map<std::string, BackendCapability, std::less<>>, std::less<>> caps;
   std::map<std::pair<std::string, std::string>, std::vector<std::string>> legacy;
@@ -143,8 +143,9 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
                                         std::string_view platform) {
   const std::string request = strip(requested_backend);
   if (request.empty()) {
-    throw ContractError("requested_backend must be a non-empty string (a policy: auto, "
-                        "production, reference; or an exact backend id)");
+    throw ContractError(
+        "requested_backend must be a non-empty string (a policy: auto, "
+        "production, reference; or an exact backend id)");
   }
   const std::string policy = lower(request);
   if (policy == "deterministic") {
@@ -169,14 +170,15 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
     const BackendCapability& cap = cap_it->second;
     if (policy == "production" || policy == "reference") {
       if (std::string(to_string(cap.implementation_kind())) != policy) {
-        rejected.push_back(fmt::format("{}: implementation_kind={} does not satisfy "
-                                       "requested_backend={}",
-                                       name, to_string(cap.implementation_kind()), policy));
+        rejected.push_back(
+            fmt::format("{}: implementation_kind={} does not satisfy "
+                        "requested_backend={}",
+                        name, to_string(cap.implementation_kind()), policy));
         continue;
       }
     } else if (policy != "auto" && cap.backend_id() != request) {
-      rejected.push_back(fmt::format("{}: backend_id={} does not match requested_backend={}",
-                                     name, cap.backend_id(), request));
+      rejected.push_back(fmt::format("{}: backend_id={} does not match requested_backend={}", name,
+                                     cap.backend_id(), request));
       continue;
     }
     const std::vector<std::string> reasons = cap.incompatibilities(contract);
@@ -221,7 +223,8 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
       "CP={}, padded_vocab={}, real_vocab={}. Rejections: {}",
       p, to_string(contract.role()), to_string(contract.dtype()), sh.tp_world_size(),
       sh.cp_world_size(), sh.padded_vocab_size(), sh.real_vocab_size(),
-      rejected.empty() ? std::string("no candidates registered") : fmt::format("{}", fmt::join(rejected, " | "))));
+      rejected.empty() ? std::string("no candidates registered")
+                       : fmt::format("{}", fmt::join(rejected, " | "))));
 }
 
 std::vector<std::string> Registry::contract_candidates(std::string_view platform) const {

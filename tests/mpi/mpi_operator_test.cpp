@@ -60,10 +60,13 @@ void check_rank(const LogprobOp& op, Communicator& comm, const FullLogits& logit
   // This rank's gradient shard equals TP=1's gradient on the same (real) columns.
   const std::size_t esz = dtype_size(logits.dtype);
   std::vector<uint8_t> mine(static_cast<std::size_t>(logits.rows * b.size()) * esz);
-  op.backward(res, {.grad_logp = g.grad_logp, .grad_lse = g.grad_lse,
-                    .grad_entropy = g.grad_entropy},
-              MutableLogitsView{.data = mine.data(), .dtype = logits.dtype, .rows = logits.rows,
-                                .cols = b.size(), .row_stride = b.size()});
+  op.backward(res,
+              {.grad_logp = g.grad_logp, .grad_lse = g.grad_lse, .grad_entropy = g.grad_entropy},
+              MutableLogitsView{.data = mine.data(),
+                                .dtype = logits.dtype,
+                                .rows = logits.rows,
+                                .cols = b.size(),
+                                .row_stride = b.size()});
   const auto* full = static_cast<const uint8_t*>(ref.grad.data());
   const int64_t real_end = std::min(b.end, kReal);
   for (int64_t i = 0; i < logits.rows; ++i) {
@@ -114,14 +117,15 @@ TEST(MpiOperator, TpTimesCpGroups) {
   const ContractOptions copt{.dtype = DType::bf16};
   const auto all_targets = targets_for(rows_total);
   const GradInputs all_g = grads_for(rows_total);
-  const auto ref_all = tp1(op, make_logits(DType::bf16, rows_total, kReal, kReal, 4), all_targets,
-                           copt, all_g);
+  const auto ref_all =
+      tp1(op, make_logits(DType::bf16, rows_total, kReal, kReal, 4), all_targets, copt, all_g);
   // This CP rank's slice of the reference and of the inputs.
   const VocabLayout ml = megatron_bounds(kReal, tp);
   FullLogits full = make_logits(DType::bf16, rows_total, kReal, ml.padded_vocab_size, 4);
   FullLogits slice = full;
   slice.rows = per;
-  slice.half.assign(full.half.begin() + first * full.cols, full.half.begin() + (first + per) * full.cols);
+  slice.half.assign(full.half.begin() + first * full.cols,
+                    full.half.begin() + (first + per) * full.cols);
   Local ref;
   auto cut = [&](const std::vector<float>& v) {
     return std::vector<float>(v.begin() + first, v.begin() + first + per);
@@ -134,7 +138,8 @@ TEST(MpiOperator, TpTimesCpGroups) {
   ref.grad.half.assign(ref_all.grad.half.begin() + first * kReal,
                        ref_all.grad.half.begin() + (first + per) * kReal);
   const GradInputs g{cut(all_g.grad_logp), cut(all_g.grad_lse), cut(all_g.grad_entropy)};
-  const std::vector<int64_t> targets(all_targets.begin() + first, all_targets.begin() + first + per);
+  const std::vector<int64_t> targets(all_targets.begin() + first,
+                                     all_targets.begin() + first + per);
   check_rank(op, groups.tp_group, slice, ml.vocab_shard_bounds, targets, copt, g, ref,
              "TP2 x CP" + std::to_string(cp));
 }
@@ -153,8 +158,7 @@ TEST(MpiOperator, PreflightMismatchThrowsOnEveryRank) {
     const ContractOptions copt{.tile_width = world.rank() == 0 ? 64 : 128};
     const LogprobContract c = make_contract(layout, world.rank(), rows, copt);
     try {
-      op.forward(logits.shard(b.start, b.end), targets_for(rows), c, world,
-                 {.validate = validate});
+      op.forward(logits.shard(b.start, b.end), targets_for(rows), c, world, {.validate = validate});
       ADD_FAILURE() << "rank " << world.rank() << " did not throw";
     } catch (const ContractError& e) {
       EXPECT_NE(std::string(e.what()).find("cross-rank preflight failed"), std::string::npos)

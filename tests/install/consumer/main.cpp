@@ -7,8 +7,8 @@
 
 int main() {
   std::vector<float> row = {1.0f, 2.0f, 3.0f, 0.5f};
-  detlogp::LogitsView logits{.data = row.data(), .dtype = detlogp::DType::fp32, .rows = 1,
-                             .cols = 4, .row_stride = 4};
+  detlogp::LogitsView logits{
+      .data = row.data(), .dtype = detlogp::DType::fp32, .rows = 1, .cols = 4, .row_stride = 4};
   detlogp::ShardSpec shard{.vocab_start = 0, .geometry = {.real_vocab = 4, .tile_width = 4}};
   auto cover = detlogp::canonical_cover(shard.geometry, 0, shard.geometry.num_real_tiles());
   std::vector<detlogp::NodePartial> partials(cover.size());

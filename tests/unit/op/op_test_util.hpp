@@ -70,8 +70,8 @@ inline FullLogits make_logits(DType dtype, int64_t rows, int64_t real, int64_t p
   } else {
     out.half.resize(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
-      out.half[i] = dtype == DType::bf16 ? canon::float_to_bf16(values[i])
-                                         : canon::float_to_fp16(values[i]);
+      out.half[i] =
+          dtype == DType::bf16 ? canon::float_to_bf16(values[i]) : canon::float_to_fp16(values[i]);
     }
   }
   return out;
@@ -94,10 +94,10 @@ struct ContractOptions {
 
 inline LogprobContract make_contract(const Layout& layout, int64_t rank, int64_t rows,
                                      const ContractOptions& o) {
-  MaskSpec mask = o.active.empty()
-                      ? MaskSpec::all_active(rows, o.ignore_index)
-                      : MaskSpec({.num_tokens = rows, .active_mask = o.active,
-                                  .ignore_index = o.ignore_index});
+  MaskSpec mask =
+      o.active.empty()
+          ? MaskSpec::all_active(rows, o.ignore_index)
+          : MaskSpec({.num_tokens = rows, .active_mask = o.active, .ignore_index = o.ignore_index});
   ShardingSpec sharding({.tp_rank = rank,
                          .tp_world_size = static_cast<int64_t>(layout.bounds.size()),
                          .vocab_shard_bounds = layout.bounds,
@@ -160,8 +160,10 @@ inline TpRun run_tp(const LogprobOp& op, const FullLogits& logits, const Layout&
                           .rows = logits.rows,
                           .cols = b.size(),
                           .row_stride = logits.cols};
-      op.backward(res, {.grad_logp = grads.grad_logp, .grad_lse = grads.grad_lse,
-                        .grad_entropy = grads.grad_entropy},
+      op.backward(res,
+                  {.grad_logp = grads.grad_logp,
+                   .grad_lse = grads.grad_lse,
+                   .grad_entropy = grads.grad_entropy},
                   g);
     }
     run.ranks[static_cast<std::size_t>(r)].result = std::move(res);

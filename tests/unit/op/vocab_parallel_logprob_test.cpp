@@ -80,8 +80,8 @@ TEST(VocabParallelLogprob, BitwiseAcrossTpDegreesMegatronPadding) {
     const ForwardOptions fopt{.entropy = true, .exec = {.threads = 1}};
     const int64_t padded1 = megatron_padded_vocab(real, 1);
     auto base_logits = make_logits(dtype, rows, real, padded1, 5);
-    const TpRun base = run_tp(op, base_logits, {real, padded1, {{0, padded1}}}, targets, copt,
-                              fopt, grads);
+    const TpRun base =
+        run_tp(op, base_logits, {real, padded1, {{0, padded1}}}, targets, copt, fopt, grads);
     for (int64_t tp : {2, 3, 4, 8}) {
       const VocabLayout ml = megatron_bounds(real, tp);
       // Same real logits, different padding width (and garbage in the padding).
@@ -107,7 +107,8 @@ TEST(VocabParallelLogprob, InactiveRowsLogpZeroLseFiniteAndGradAsymmetry) {
   auto logits = make_logits(DType::fp32, rows, real, padded, 2026, 1.0f, 1e4f);
   const Layout layout{real, padded, {{0, padded}}};
   // logp-only gradient: the inactive row gets nothing.
-  TpRun run = run_tp(op, logits, layout, targets, copt, {}, {.grad_logp = std::vector<float>(6, 1.0f)});
+  TpRun run =
+      run_tp(op, logits, layout, targets, copt, {}, {.grad_logp = std::vector<float>(6, 1.0f)});
   const LogprobResult r = run.ranks[0].result;  // a copy: `run` is reassigned below
   EXPECT_EQ(canon::bits_of(r.logp[5]), canon::bits_of(0.0f));
   EXPECT_TRUE(std::isfinite(r.lse[5]));
@@ -159,7 +160,8 @@ TEST(VocabParallelLogprob, GradientsMatchAnalyticFormulaAndFiniteDifferences) {
       zp[c] += eps;
       zm[c] -= eps;
       const double fd = (loss(zp, i) - loss(zm, i)) / (2 * eps);
-      EXPECT_NEAR(run.grad.at(i, c), fd, 1e-4 + 1e-3 * std::fabs(fd)) << "row " << i << " col " << c;
+      EXPECT_NEAR(run.grad.at(i, c), fd, 1e-4 + 1e-3 * std::fabs(fd))
+          << "row " << i << " col " << c;
     }
   }
 }
@@ -232,8 +234,7 @@ TEST(VocabParallelLogprob, ValidationKeyPhrases) {
   expect_phrase([&] { op.forward(bf.shard(0, 32), targets, c, self); }, "dtype");
   std::vector<int64_t> bad_targets = targets;
   bad_targets[2] = real;
-  expect_phrase([&] { op.forward(logits.shard(0, 32), bad_targets, c, self); },
-                "real vocabulary");
+  expect_phrase([&] { op.forward(logits.shard(0, 32), bad_targets, c, self); }, "real vocabulary");
   auto neg = logits;
   for (int64_t col = 0; col < padded; ++col) neg.f32[2 * padded + col] = -INFINITY;
   expect_phrase([&] { op.forward(neg.shard(0, 32), targets, c, self); }, "non-finite");
@@ -249,8 +250,9 @@ TEST(VocabParallelLogprob, ValidationKeyPhrases) {
       },
       "tile");
   // deterministic=false needs fixed_topology.
-  expect_phrase([&] { op.forward(logits.shard(0, 32), targets, c, self, {.deterministic = false}); },
-                "cross_tp_bitwise");
+  expect_phrase(
+      [&] { op.forward(logits.shard(0, 32), targets, c, self, {.deterministic = false}); },
+      "cross_tp_bitwise");
 }
 
 // Every rank throws "cross-rank preflight failed" (or its own local error) and nobody hangs.
@@ -323,8 +325,8 @@ TEST(VocabParallelLogprob, PreflightMismatchesFailOnEveryRank) {
       auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
       FullLogits l = logits;
       l.rows = n;
-      op.forward(l.shard(b.start, b.end), std::vector<int64_t>(targets.begin(), targets.begin() + n),
-                 c, comm, fopt);
+      op.forward(l.shard(b.start, b.end),
+                 std::vector<int64_t>(targets.begin(), targets.begin() + n), c, comm, fopt);
     });
   }
 }

@@ -23,25 +23,37 @@ const std::set<DType> kDtypes = {DType::bf16, DType::fp16, DType::fp32};
 // Qwen3-8B TP=2 bf16 (section 7.1), rank 0, with the given determinism scope.
 LogprobContract qwen_tp2(DeterminismScope scope = DeterminismScope::cross_tp_bitwise,
                          int64_t cp = 1) {
-  ShardingSpec sh({.tp_rank = 0, .tp_world_size = 2,
+  ShardingSpec sh({.tp_rank = 0,
+                   .tp_world_size = 2,
                    .vocab_shard_bounds = {{0, 76032}, {76032, 152064}},
-                   .real_vocab_size = 151936, .padded_vocab_size = 152064, .cp_world_size = cp});
-  MaskSpec mask({.num_tokens = 8,
-                 .active_mask = {false, false, true, true, true, true, true, false}});
-  return LogprobContract({.role = Role::train, .dtype = DType::bf16, .mask = mask,
-                          .sharding = sh, .reduction = ReductionSpec({.determinism_scope = scope})});
+                   .real_vocab_size = 151936,
+                   .padded_vocab_size = 152064,
+                   .cp_world_size = cp});
+  MaskSpec mask(
+      {.num_tokens = 8, .active_mask = {false, false, true, true, true, true, true, false}});
+  return LogprobContract({.role = Role::train,
+                          .dtype = DType::bf16,
+                          .mask = mask,
+                          .sharding = sh,
+                          .reduction = ReductionSpec({.determinism_scope = scope})});
 }
 
 LogprobContract tp1(int64_t real, int64_t padded, bool all_active = true) {
-  ShardingSpec sh({.tp_rank = 0, .tp_world_size = 1, .vocab_shard_bounds = {{0, padded}},
-                   .real_vocab_size = real, .padded_vocab_size = padded});
-  MaskSpec mask = all_active ? MaskSpec::all_active(4)
-                             : MaskSpec({.num_tokens = 4, .active_mask = {true, false, true, true}});
+  ShardingSpec sh({.tp_rank = 0,
+                   .tp_world_size = 1,
+                   .vocab_shard_bounds = {{0, padded}},
+                   .real_vocab_size = real,
+                   .padded_vocab_size = padded});
+  MaskSpec mask = all_active
+                      ? MaskSpec::all_active(4)
+                      : MaskSpec({.num_tokens = 4, .active_mask = {true, false, true, true}});
   return LogprobContract({.role = Role::train, .dtype = DType::fp32, .mask = mask, .sharding = sh});
 }
 
 BackendCapability ws1_cap(const std::string& id, ImplementationKind kind) {
-  return BackendCapability({.backend_id = id, .roles = kRoles, .dtypes = kDtypes,
+  return BackendCapability({.backend_id = id,
+                            .roles = kRoles,
+                            .dtypes = kDtypes,
                             .tp_world_sizes = std::vector<int64_t>{1},
                             .mask_modes = {MaskMode::ignore_index},
                             .determinism_scopes = {DeterminismScope::fixed_topology},
@@ -49,17 +61,20 @@ BackendCapability ws1_cap(const std::string& id, ImplementationKind kind) {
 }
 
 BackendCapability full_cap(const std::string& id, ImplementationKind kind) {
-  return BackendCapability({.backend_id = id, .roles = kRoles, .dtypes = kDtypes,
-                            .supports_vocab_padding = true,
-                            .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
-                            .exports_vocab_lse = true,
-                            .determinism_scopes = {DeterminismScope::cross_tp_bitwise,
-                                                   DeterminismScope::fixed_topology},
-                            .implementation_kind = kind});
+  return BackendCapability(
+      {.backend_id = id,
+       .roles = kRoles,
+       .dtypes = kDtypes,
+       .supports_vocab_padding = true,
+       .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
+       .exports_vocab_lse = true,
+       .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
+       .implementation_kind = kind});
 }
 
 Backend reference_backend(const std::string& name, const std::string& id) {
-  return Backend{name, [id] { return std::make_shared<VocabParallelLogprob>(reference_kernels(), id); }};
+  return Backend{name,
+                 [id] { return std::make_shared<VocabParallelLogprob>(reference_kernels(), id); }};
 }
 
 std::string dispatch_error(Registry& r, const LogprobContract& c, std::string_view req = "auto") {
@@ -74,7 +89,8 @@ std::string dispatch_error(Registry& r, const LogprobContract& c, std::string_vi
 
 TEST(Registry, Ws1OnlyRejectsTp2ContractWithEveryReason) {
   Registry r;
-  r.register_logprob_backend(reference_backend("WS1_A", "ws1-a"), ws1_cap("ws1-a", ImplementationKind::production));
+  r.register_logprob_backend(reference_backend("WS1_A", "ws1-a"),
+                             ws1_cap("ws1-a", ImplementationKind::production));
   const std::string msg = dispatch_error(r, qwen_tp2());
   EXPECT_THAT(msg, HasSubstr("TP=2 is unsupported"));
   EXPECT_THAT(msg, HasSubstr("vocab-domain LSE export is unsupported"));
@@ -89,8 +105,10 @@ TEST(Registry, Ws1OnlyRejectsTp2ContractWithEveryReason) {
 
 TEST(Registry, ReferencePolicySkipsWs1WithFallbackAndReasons) {
   Registry r;
-  r.register_logprob_backend(reference_backend("WS1_REF", "ws1-ref"), ws1_cap("ws1-ref", ImplementationKind::reference));
-  r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"), full_cap("vp-ref", ImplementationKind::reference));
+  r.register_logprob_backend(reference_backend("WS1_REF", "ws1-ref"),
+                             ws1_cap("ws1-ref", ImplementationKind::reference));
+  r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
+                             full_cap("vp-ref", ImplementationKind::reference));
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
   EXPECT_EQ(d.actual_backend, "vp-ref");
   EXPECT_TRUE(d.fallback);
@@ -105,16 +123,19 @@ TEST(Registry, ReferencePolicySkipsWs1WithFallbackAndReasons) {
 TEST(Registry, CandidateWithoutCapabilityIsRejectedAsFallback) {
   Registry r;
   r.add_contract_candidate(reference_backend("NATIVE", "native"));
-  EXPECT_THAT(dispatch_error(r, qwen_tp2()), HasSubstr("NATIVE: no LogprobBackendCapability declared"));
-  r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"), full_cap("vp-ref", ImplementationKind::reference));
+  EXPECT_THAT(dispatch_error(r, qwen_tp2()),
+              HasSubstr("NATIVE: no LogprobBackendCapability declared"));
+  r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
+                             full_cap("vp-ref", ImplementationKind::reference));
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
   EXPECT_TRUE(d.fallback);  // a missing capability always counts, even before the policy filter
 }
 
 TEST(Registry, ProvenanceOfACompatibleBackend) {
   Registry r;
-  r.register_logprob_backend(reference_backend("TEST_TP", "test-deterministic-tp-logprob"),
-                             full_cap("test-deterministic-tp-logprob", ImplementationKind::reference));
+  r.register_logprob_backend(
+      reference_backend("TEST_TP", "test-deterministic-tp-logprob"),
+      full_cap("test-deterministic-tp-logprob", ImplementationKind::reference));
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
   EXPECT_FALSE(d.fallback);
   const auto j = nlohmann::json::parse(d.provenance_json);
@@ -142,22 +163,28 @@ TEST(Registry, ProvenanceOfACompatibleBackend) {
 
 TEST(Registry, PolicySkipIsNotAFallbackButCapabilitySkipIs) {
   Registry r;
-  r.register_logprob_backend(reference_backend("OTHER", "other-id"), full_cap("other-id", ImplementationKind::reference));
-  r.register_logprob_backend(reference_backend("WANTED", "wanted-id"), full_cap("wanted-id", ImplementationKind::reference));
+  r.register_logprob_backend(reference_backend("OTHER", "other-id"),
+                             full_cap("other-id", ImplementationKind::reference));
+  r.register_logprob_backend(reference_backend("WANTED", "wanted-id"),
+                             full_cap("wanted-id", ImplementationKind::reference));
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "wanted-id");
   EXPECT_FALSE(d.fallback);
   EXPECT_EQ(d.prior_rejections.size(), 1u);
 
   Registry r2;
-  r2.register_logprob_backend(reference_backend("TP1_ONLY", "tp1-only"),
-                              BackendCapability({.backend_id = "tp1-only", .roles = kRoles, .dtypes = kDtypes,
-                                                 .tp_world_sizes = std::vector<int64_t>{1},
-                                                 .supports_vocab_padding = true,
-                                                 .mask_modes = {MaskMode::explicit_active_mask},
-                                                 .exports_vocab_lse = true,
-                                                 .determinism_scopes = {DeterminismScope::cross_tp_bitwise},
-                                                 .implementation_kind = ImplementationKind::reference}));
-  r2.register_logprob_backend(reference_backend("ANY", "any-tp"), full_cap("any-tp", ImplementationKind::reference));
+  r2.register_logprob_backend(
+      reference_backend("TP1_ONLY", "tp1-only"),
+      BackendCapability({.backend_id = "tp1-only",
+                         .roles = kRoles,
+                         .dtypes = kDtypes,
+                         .tp_world_sizes = std::vector<int64_t>{1},
+                         .supports_vocab_padding = true,
+                         .mask_modes = {MaskMode::explicit_active_mask},
+                         .exports_vocab_lse = true,
+                         .determinism_scopes = {DeterminismScope::cross_tp_bitwise},
+                         .implementation_kind = ImplementationKind::reference}));
+  r2.register_logprob_backend(reference_backend("ANY", "any-tp"),
+                              full_cap("any-tp", ImplementationKind::reference));
   const DispatchResult d2 = r2.get_logprob_op(qwen_tp2());
   EXPECT_TRUE(d2.fallback);
   ASSERT_FALSE(d2.prior_rejections.empty());
@@ -205,14 +232,17 @@ TEST(Registry, RegistrationReplacesScopesPerPlatformAndRejectsUnknownPlatforms) 
 
 TEST(Registry, FixedTopologyOnlyCapability) {
   Registry r;
-  BackendCapability cap({.backend_id = "fixed", .roles = kRoles, .dtypes = kDtypes,
+  BackendCapability cap({.backend_id = "fixed",
+                         .roles = kRoles,
+                         .dtypes = kDtypes,
                          .supports_vocab_padding = true,
                          .mask_modes = {MaskMode::explicit_active_mask},
                          .exports_vocab_lse = true,
                          .determinism_scopes = {DeterminismScope::fixed_topology},
                          .implementation_kind = ImplementationKind::reference});
   r.register_logprob_backend(reference_backend("FIXED", "fixed"), cap);
-  EXPECT_THAT(dispatch_error(r, qwen_tp2()), HasSubstr("determinism_scope=cross_tp_bitwise is unsupported"));
+  EXPECT_THAT(dispatch_error(r, qwen_tp2()),
+              HasSubstr("determinism_scope=cross_tp_bitwise is unsupported"));
   EXPECT_EQ(r.get_logprob_op(qwen_tp2(DeterminismScope::fixed_topology)).actual_backend, "fixed");
 }
 
@@ -234,7 +264,8 @@ TEST(Registry, LegacyListsAreDecoupledAndShareTheCacheAndBlacklist) {
   const DispatchResult d = r.get_logprob_op(qwen_tp2());
   EXPECT_EQ(d.actual_backend, "good");
   EXPECT_TRUE(d.fallback);
-  EXPECT_THAT(d.prior_rejections[0], HasSubstr("BROKEN: backend could not be loaded or instantiated"));
+  EXPECT_THAT(d.prior_rejections[0],
+              HasSubstr("BROKEN: backend could not be loaded or instantiated"));
   EXPECT_TRUE(r.failed_to_load("BROKEN"));
   // Legacy path: the blacklist is shared, the factory is never called again, the cache too.
   auto op = r.get_op("logprob");
@@ -245,10 +276,10 @@ TEST(Registry, LegacyListsAreDecoupledAndShareTheCacheAndBlacklist) {
 
 TEST(Registry, BuiltinBackendsOrderAndTruthfulCapabilities) {
   auto r = Registry::with_builtin_backends();
-  EXPECT_EQ(r->contract_candidates("cpu"),
-            (std::vector<std::string>{"CPU_CANONICAL_VOCAB_PARALLEL_LOGP",
-                                      "CPU_REFERENCE_VOCAB_PARALLEL_LOGP",
-                                      "CPU_BATCH_INVARIANT_LOGP"}));
+  EXPECT_EQ(
+      r->contract_candidates("cpu"),
+      (std::vector<std::string>{"CPU_CANONICAL_VOCAB_PARALLEL_LOGP",
+                                "CPU_REFERENCE_VOCAB_PARALLEL_LOGP", "CPU_BATCH_INVARIANT_LOGP"}));
   EXPECT_TRUE(r->contract_candidates("cuda").empty());
   // The reference never appears in a legacy list.
   EXPECT_EQ(r->legacy_priority("batch_invariant_logp", "cpu"),
@@ -263,8 +294,9 @@ TEST(Registry, BuiltinBackendsOrderAndTruthfulCapabilities) {
   EXPECT_FALSE(ref.fallback);
   EXPECT_EQ(r->get_logprob_op(qwen_tp2(), std::string(kCpuReferenceBackendId)).actual_backend,
             kCpuReferenceBackendId);
-  EXPECT_EQ(nlohmann::json::parse(ref.provenance_json)["contract"]["reduction"]["determinism_scope"],
-            "cross_tp_bitwise");
+  EXPECT_EQ(
+      nlohmann::json::parse(ref.provenance_json)["contract"]["reduction"]["determinism_scope"],
+      "cross_tp_bitwise");
   // The WS1-style backend serves nothing vocab-parallel: asking for it lists its reasons.
   EXPECT_THAT(dispatch_error(*r, qwen_tp2(), std::string(kCpuBatchInvariantBackendId)),
               HasSubstr("vocab-domain LSE export is unsupported"));
@@ -279,8 +311,10 @@ TEST(Registry, ProductionEqualsReferenceBitwise) {
     auto logits = make_logits(dtype, rows, real, padded, 77);
     std::vector<int64_t> targets(rows);
     for (int64_t i = 0; i < rows; ++i) targets[i] = (i * 97) % real;
-    const ContractOptions copt{.dtype = dtype, .active = {true, true, false, true, true, true, true, false, true},
-                               .tile_width = 64, .temperature = 0.7f};
+    const ContractOptions copt{.dtype = dtype,
+                               .active = {true, true, false, true, true, true, true, false, true},
+                               .tile_width = 64,
+                               .temperature = 0.7f};
     const GradInputs g{std::vector<float>(rows, 0.5f), std::vector<float>(rows, -0.25f),
                        std::vector<float>(rows, 0.125f)};
     const LogprobContract c0 = make_contract(layout, 0, rows, copt);
