@@ -43,6 +43,10 @@ struct LogprobResult {
   std::shared_ptr<const SavedForward> saved;  // for backward; holds a view of the logits
 };
 
+// The logits view a result's backward will read: the caller's own buffer, never a copy (a view
+// with null data when the result holds no saved state).
+LogitsView saved_logits(const LogprobResult& result);
+
 // Incoming gradients (fp32, one per token); an empty span means "not supplied".
 struct LogprobGrads {
   std::span<const float> grad_logp = {};

@@ -42,7 +42,6 @@
 #include "detlogp/operator.hpp"
 #include "detlogp/registry.hpp"
 #include "detlogp/version.hpp"
-#include "op/saved_forward.hpp"
 
 namespace py = pybind11;
 
@@ -570,14 +569,14 @@ PYBIND11_MODULE(_detlogp, m) {
                              })
       .def_property_readonly("logits_owner", [](const ForwardHandle& h) { return h.logits_owner; })
       // The address of the logits buffer backward will read (the caller's, never a copy).
-      .def_property_readonly("saved_logits_data_ptr",
-                             [](const ForwardHandle& h) -> uintptr_t {
-                               if (!h.result.saved) return 0;
-                               return reinterpret_cast<uintptr_t>(h.result.saved->logits.data);
-                             })
+      .def_property_readonly(
+          "saved_logits_data_ptr",
+          [](const ForwardHandle& h) -> uintptr_t {
+            return reinterpret_cast<uintptr_t>(detlogp::saved_logits(h.result).data);
+          })
       .def_property_readonly("saved_logits_row_stride",
                              [](const ForwardHandle& h) -> int64_t {
-                               return h.result.saved ? h.result.saved->logits.row_stride : 0;
+                               return detlogp::saved_logits(h.result).row_stride;
                              })
       .def("backward", &run_backward, py::kw_only(), py::arg("grad_logp"), py::arg("grad_lse"),
            py::arg("grad_entropy"), py::arg("out_ptr"), py::arg("out_dtype"), py::arg("out_rows"),

@@ -148,6 +148,10 @@ canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
 
 }  // namespace
 
+LogitsView saved_logits(const LogprobResult& result) {
+  return result.saved ? result.saved->logits : LogitsView{};
+}
+
 VocabParallelLogprob::VocabParallelLogprob(const ShardKernels& kernels, std::string backend_id)
     : kernels_(kernels), backend_id_(std::move(backend_id)) {}
 
