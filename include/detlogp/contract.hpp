@@ -210,6 +210,8 @@ using LogprobOutputSpec = OutputSpec;
 
 // Tile width used when neither tile_width nor num_vocab_tiles is given.
 inline constexpr int64_t kDefaultTileWidth = 128;
+// The largest tile width a contract accepts (2^31).
+inline constexpr int64_t kMaxTileWidth = int64_t{1} << 31;
 
 struct ContractParams {
   Required<Role> role;

@@ -44,7 +44,10 @@ struct TileGeometry {
   int64_t real_vocab = 0;    // R: columns [R, padded) are padding and never contribute
   int64_t tile_width = 128;  // W
 
-  int64_t num_real_tiles() const { return (real_vocab + tile_width - 1) / tile_width; }  // T
+  // T = ceil(R / W), written so that no intermediate overflows. Requires tile_width > 0.
+  int64_t num_real_tiles() const {
+    return real_vocab / tile_width + (real_vocab % tile_width != 0 ? 1 : 0);
+  }
   // K: the tree has 2^K leaves, the smallest power of two >= T.
   int tree_levels() const;
 };

@@ -197,6 +197,12 @@ LogprobContract::LogprobContract(const ContractParams& p)
   }
   if (p.tile_width) {
     require_positive(*p.tile_width, "tile_width");
+    // No vocabulary comes near 2^31 columns; the bound keeps every tile and column index
+    // product far from int64 overflow.
+    if (*p.tile_width > kMaxTileWidth) {
+      throw ContractError(
+          fmt::format("tile_width must be at most {}; got {}", kMaxTileWidth, *p.tile_width));
+    }
     tile_width_ = *p.tile_width;
   }
   if (p.num_vocab_tiles) {
@@ -233,8 +239,8 @@ std::optional<std::string> tile_alignment_problem(const LogprobContract& contrac
     const bool end_ok = end % w == 0 || end == s.padded_vocab_size();
     if (!start_ok || !end_ok) {
       return fmt::format(
-          "vocab_shard_bounds[{}]=[{}, {}) is not aligned to the vocab tile width {}; cross-TP "
-          "bitwise determinism requires tile-aligned shard bounds",
+          "vocab_shard_bounds[{}]=[{}, {}) is not aligned to the vocab tile size {} (tile_width); "
+          "cross-TP bitwise determinism requires tile-aligned shard bounds",
           r, start, end, w);
     }
   }

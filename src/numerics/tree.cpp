@@ -1,5 +1,7 @@
 // The canonical tree over vocabulary tiles (numerics.md "Tree over tiles" and "Distribution").
-#include <stdexcept>
+#include <string>
+
+#include "detlogp/errors.hpp"
 
 #include "detlogp/kernels.hpp"
 
@@ -14,8 +16,15 @@ int TileGeometry::tree_levels() const {
 
 std::vector<TreeNode> canonical_cover(const TileGeometry& geometry, int64_t tile_begin,
                                       int64_t tile_end) {
+  if (geometry.tile_width <= 0 || geometry.real_vocab < 0) {
+    throw ContractError(
+        "canonical_cover: tile_width must be positive and real_vocab "
+        "non-negative; got tile_width=" +
+        std::to_string(geometry.tile_width) + " real_vocab=" + std::to_string(geometry.real_vocab));
+  }
   if (tile_begin < 0 || tile_end < tile_begin) {
-    throw std::invalid_argument("canonical_cover: tile range must satisfy 0 <= begin <= end");
+    throw ContractError("canonical_cover: the tile range must satisfy 0 <= begin <= end; got [" +
+                        std::to_string(tile_begin) + ", " + std::to_string(tile_end) + ")");
   }
   const int64_t real_tiles = geometry.num_real_tiles();
   // Tiles at or beyond T are identities: clip them away.

@@ -33,6 +33,13 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
                     "backend for entropy=true",
                     backend_id_));
   }
+  if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr) ||
+      logits.row_stride < logits.cols) {
+    throw ContractError(fmt::format(
+        "local_logits must be 2-D [num_tokens, vocab] with data and row_stride >= cols; got "
+        "rows={} cols={} row_stride={}",
+        logits.rows, logits.cols, logits.row_stride));
+  }
   if (logits.dtype != c.dtype()) {
     throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
                                     to_string(logits.dtype), to_string(c.dtype())));
@@ -48,6 +55,7 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
   const auto& active = c.mask().active_mask();
   auto saved = std::make_shared<SavedForward>();
   saved->logits = logits;
+  saved->producer = SavedForward::Producer::batch_invariant;
   saved->spec = ShardSpec{.vocab_start = 0,
                           .geometry = {.real_vocab = real, .tile_width = 1},
                           .temperature = c.temperature()};
@@ -90,6 +98,7 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
           i));
     }
   }
+  saved->lse = out.lse;
   out.saved = std::move(saved);
   return out;
 }
@@ -98,12 +107,18 @@ void BatchInvariantLogprob::backward(const LogprobResult& fwd, const LogprobGrad
                                      const MutableLogitsView& grad) const {
   if (!fwd.saved) throw ContractError("backward needs the LogprobResult of a forward call");
   const SavedForward& s = *fwd.saved;
+  if (s.producer != SavedForward::Producer::batch_invariant) {
+    throw ContractError(fmt::format(
+        "{}: backward was given the result of another operator's forward; call backward on the "
+        "operator that ran forward",
+        backend_id_));
+  }
   const LogitsView& x = s.logits;
   if (!g.grad_entropy.empty()) {
     throw ContractError(fmt::format("{} has no entropy gradient", backend_id_));
   }
   if (grad.rows != x.rows || grad.cols != x.cols || grad.dtype != x.dtype ||
-      grad.row_stride < grad.cols) {
+      grad.row_stride < grad.cols || (grad.rows > 0 && grad.data == nullptr)) {
     throw ContractError("grad must have the logits' shape and dtype");
   }
   for (const auto& v : {g.grad_logp, g.grad_lse}) {
@@ -114,7 +129,7 @@ void BatchInvariantLogprob::backward(const LogprobResult& fwd, const LogprobGrad
   const int64_t real = s.spec.geometry.real_vocab;
   const float tau = s.spec.temperature;
   for (int64_t i = 0; i < x.rows; ++i) {
-    const float lse = fwd.lse[i];
+    const float lse = s.lse[i];
     const float gl = g.grad_logp.empty() || !s.active[i] ? 0.0f : g.grad_logp[i];
     const float gz = g.grad_lse.empty() ? 0.0f : g.grad_lse[i];
     for (int64_t col = 0; col < x.cols; ++col) {

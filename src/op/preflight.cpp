@@ -36,8 +36,9 @@ struct Record {
   int64_t local_end;
   int64_t rows;
   uint8_t deterministic;
+  uint8_t entropy;
   uint8_t local_ok;
-  std::array<char, 510> local_error;
+  std::array<char, 509> local_error;
 };
 static_assert(std::is_trivially_copyable_v<Record>);
 
@@ -51,6 +52,7 @@ Record encode(const PreflightFacts& f) {
   r.local_end = f.local_end;
   r.rows = f.rows;
   r.deterministic = f.deterministic ? 1 : 0;
+  r.entropy = f.entropy ? 1 : 0;
   r.local_ok = f.local_error ? 0 : 1;
   put_text(r.local_error, f.local_error.value_or(""));
   return r;
@@ -67,13 +69,14 @@ const Field kAgreedFields[] = {
     {"numerics version", [](const Record& r) { return get_text(r.numerics_version); }},
     {"deterministic",
      [](const Record& r) { return std::string(r.deterministic ? "true" : "false"); }},
+    {"entropy", [](const Record& r) { return std::string(r.entropy ? "true" : "false"); }},
     {"tile width", [](const Record& r) { return std::to_string(r.tile_width); }},
     {"row count", [](const Record& r) { return std::to_string(r.rows); }},
 };
 
 constexpr const char* kAgreeOn =
     "all TP ranks must agree on the contract fingerprint, backend id, numerics version, "
-    "deterministic mode, tile width and row count before any collective";
+    "deterministic mode, entropy flag, tile width and row count before any collective";
 
 }  // namespace
 

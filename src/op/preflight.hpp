@@ -18,6 +18,7 @@ struct PreflightFacts {
   std::string numerics_version;  // kNumericsVersion of this build
   int64_t tile_width = 0;        // resolved W (0 when not deterministic: tiles unused)
   bool deterministic = true;
+  bool entropy = false;     // decides the payload size of the next all-gather
   int64_t local_begin = 0;  // this rank's local tile range (deterministic) or columns
   int64_t local_end = 0;
   int64_t rows = 0;  // logits rows passed by this rank

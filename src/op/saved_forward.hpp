@@ -9,13 +9,17 @@
 namespace detlogp {
 
 struct SavedForward {
-  LogitsView logits;                  // referenced, never copied
-  ShardSpec spec;                     // geometry the kernels ran with
-  std::vector<int64_t> target_local;  // owned active target's local column, else -1
-  std::vector<uint8_t> active;        // 1 per active token
+  enum class Producer { vocab_parallel, batch_invariant };
+  Producer producer = Producer::vocab_parallel;  // backward only accepts its own op's results
+  LogitsView logits;                             // referenced, never copied
+  ShardSpec spec;                                // geometry the kernels ran with
+  std::vector<int64_t> target_local;             // owned active target's local column, else -1
+  std::vector<uint8_t> active;                   // 1 per active token
   bool has_entropy = false;
   const ShardKernels* kernels = nullptr;
   ExecOptions exec;
+  std::vector<float> lse;  // copies of the forward outputs backward needs
+  std::vector<float> entropy;
 };
 
 }  // namespace detlogp

@@ -101,7 +101,7 @@ void check_mode(const LogprobContract& c, bool deterministic) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }  // no overflow
 
 // Tiles of a rank's shard in the deterministic mode.
 std::pair<int64_t, int64_t> tile_range(const VocabRange& bounds, int64_t w) {
@@ -186,18 +186,20 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     check_mode(c, opt.deterministic);
     check_invocation(logits, targets, c, comm, opt.validate);
   } catch (const ContractError& e) {
-    if (tp == 1 || comm.size() == 1) throw;
+    if (comm.size() == 1) throw;
     local_error = e.what();
   }
 
-  // 2. Preflight: whenever TP > 1, whatever `validate` says.
-  if (tp > 1) {
+  // 2. Preflight: whenever TP > 1, whatever `validate` says (and whenever the communicator has
+  //    several ranks, so that a rank whose contract says TP=1 fails together with the others).
+  if (tp > 1 || comm.size() > 1) {
     op::PreflightFacts facts;
     facts.fingerprint = c.cross_rank_fingerprint();
     facts.backend_id = backend_id_;
     facts.numerics_version = std::string(kNumericsVersion);
     facts.tile_width = opt.deterministic ? w : 0;
     facts.deterministic = opt.deterministic;
+    facts.entropy = opt.entropy;
     if (opt.deterministic) {
       std::tie(facts.local_begin, facts.local_end) =
           tile_range(sh.vocab_shard_bounds()[sh.tp_rank()], w);
@@ -214,6 +216,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   const auto& active_mask = c.mask().active_mask();
   auto saved = std::make_shared<SavedForward>();
   saved->logits = logits;
+  saved->producer = SavedForward::Producer::vocab_parallel;
   saved->kernels = &kernels_;
   saved->has_entropy = opt.entropy;
   saved->exec = opt.exec;
@@ -340,6 +343,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
       }
     }
   }
+  saved->lse = out.lse;
+  saved->entropy = out.entropy;
   out.saved = std::move(saved);
   return out;
 }
@@ -352,6 +357,12 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
         "empty)");
   }
   const SavedForward& s = *fwd.saved;
+  if (s.producer != SavedForward::Producer::vocab_parallel || s.kernels == nullptr) {
+    throw ContractError(fmt::format(
+        "{}: backward was given the result of another operator's forward; call backward on the "
+        "operator that ran forward",
+        backend_id_));
+  }
   const int64_t rows = s.logits.rows;
   auto check_len = [&](std::span<const float> v, const char* name) {
     if (!v.empty() && static_cast<int64_t>(v.size()) != rows) {
@@ -382,8 +393,9 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
       if (!s.active[i]) g_logp[i] = 0.0f;
     }
   }
-  BackwardInputs in{.lse = fwd.lse,
-                    .entropy = fwd.entropy,
+  // LSE and entropy from the saved copies: the result's public vectors may have been moved.
+  BackwardInputs in{.lse = s.lse,
+                    .entropy = s.entropy,
                     .target_local = s.target_local,
                     .grad_logp = g_logp,
                     .grad_lse = g.grad_lse,

@@ -38,8 +38,8 @@ BackendCapability batch_invariant_capability() {
                             .determinism_scopes = {DeterminismScope::fixed_topology},
                             .implementation_kind = ImplementationKind::reference,
                             .supports_temperature = true,
-                            .reduction_orders = {ReductionOrder::canonical_tile_tree,
-                                                 ReductionOrder::global_vocab_shard_index}});
+                            // One shard, one left-to-right sum: not the canonical tile tree.
+                            .reduction_orders = {ReductionOrder::global_vocab_shard_index}});
 }
 
 }  // namespace

@@ -219,7 +219,7 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
   }
   const ShardingSpec& sh = contract.sharding();
   throw std::runtime_error(fmt::format(
-      "No logprob backend supports the requested contract on {}: role={}, dtype={}, TP={}, "
+      "No logprob backend supports the requested WS2 contract on {}: role={}, dtype={}, TP={}, "
       "CP={}, padded_vocab={}, real_vocab={}. Rejections: {}",
       p, to_string(contract.role()), to_string(contract.dtype()), sh.tp_world_size(),
       sh.cp_world_size(), sh.padded_vocab_size(), sh.real_vocab_size(),

@@ -212,7 +212,7 @@ def test_invocation_checks():
     bad = contract(6, REAL, PADDED, bounds=[(0, 500), (500, 1024)], tile_width=W)
     with pytest.raises(LogprobContractError, match="requires an initialized process group"):
         op(x[:, :500], t, contract=bad)
-    with pytest.raises(LogprobContractError, match="not aligned to the vocab tile width"):
+    with pytest.raises(LogprobContractError, match="not aligned to the vocab tile size"):
         c2 = contract(6, REAL, PADDED, bounds=[(0, 500), (500, 1024)], tile_width=W)
         op(x[:, :500], t, contract=c2, group=detlogp.SelfComm())
     with pytest.raises(LogprobContractError, match="cross_tp_bitwise"):

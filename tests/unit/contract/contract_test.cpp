@@ -383,6 +383,7 @@ TEST(LogprobContract, TileWidthValidation) {
   EXPECT_CONTRACT_ERROR(with_tiles(0, std::nullopt),
                         "tile_width must be a positive integer; got 0");
   EXPECT_CONTRACT_ERROR(with_tiles(-128, std::nullopt), "tile_width must be a positive integer");
+  EXPECT_CONTRACT_ERROR(with_tiles(int64_t{1} << 40, std::nullopt), "tile_width must be at most");
   EXPECT_CONTRACT_ERROR(with_tiles(std::nullopt, 0),
                         "num_vocab_tiles must be a positive integer; got 0");
   EXPECT_CONTRACT_ERROR(with_tiles(std::nullopt, 7),
@@ -468,8 +469,9 @@ TEST(TileAlignment, SeedTileCountMisalignsThePaddingOnlyLayout) {
                                  .padded_vocab_size = kQwen3PaddedTP2}),
        .num_vocab_tiles = 64});
   EXPECT_CONTRACT_ERROR(c.check_tile_alignment(),
-                        "vocab_shard_bounds[0]=[0, 151936) is not aligned to the vocab tile width "
-                        "2376; cross-TP bitwise determinism requires tile-aligned shard bounds");
+                        "vocab_shard_bounds[0]=[0, 151936) is not aligned to the vocab tile size "
+                        "2376 (tile_width); cross-TP bitwise determinism requires tile-aligned "
+                        "shard bounds");
 }
 
 TEST(TileAlignment, MisalignedFirstBoundAndPartialLastTile) {
@@ -487,7 +489,7 @@ TEST(TileAlignment, MisalignedFirstBoundAndPartialLastTile) {
   };
   const auto problem = tile_alignment_problem(contract({{0, 6}, {6, 32}}, 32, 4));
   ASSERT_TRUE(problem.has_value());
-  EXPECT_NE(problem->find("vocab_shard_bounds[0]=[0, 6) is not aligned to the vocab tile width 4"),
+  EXPECT_NE(problem->find("vocab_shard_bounds[0]=[0, 6) is not aligned to the vocab tile size 4"),
             std::string::npos)
       << *problem;
   EXPECT_CONTRACT_ERROR(contract({{0, 8}, {8, 30}, {30, 32}}, 32, 4).check_tile_alignment(),

@@ -318,6 +318,24 @@ TEST(VocabParallelLogprob, PreflightMismatchesFailOnEveryRank) {
       op.forward(logits.shard(b.start, b.end), targets, c, comm,
                  {.deterministic = comm.rank() == 0, .validate = validate});
     });
+    // Entropy requested on one rank only (it changes the payload size).
+    expect_all_ranks_fail(2, [&](Communicator& comm) {
+      auto c = make_contract(layout, comm.rank(), rows, {});
+      auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
+      op.forward(logits.shard(b.start, b.end), targets, c, comm,
+                 {.validate = validate, .entropy = comm.rank() == 0});
+    });
+    // One rank's contract says TP=1 (its whole-vocabulary shard) while the other says TP=2.
+    expect_all_ranks_fail(2, [&](Communicator& comm) {
+      if (comm.rank() == 0) {
+        const Layout whole{real, padded, {{0, padded}}};
+        auto c = make_contract(whole, 0, rows, {});
+        op.forward(logits.shard(0, padded), targets, c, comm, fopt);
+      } else {
+        auto c = make_contract(layout, 1, rows, {});
+        op.forward(logits.shard(512, 1024), targets, c, comm, fopt);
+      }
+    });
     // Row count differs (each rank's contract agrees with its own logits).
     expect_all_ranks_fail(2, [&](Communicator& comm) {
       const int64_t n = comm.rank() == 0 ? rows : rows - 1;
@@ -353,6 +371,37 @@ TEST(VocabParallelLogprob, NonDeterministicModeIsCloseReplicatedAndIgnoresTiles)
       }
     }
   }
+}
+
+TEST(VocabParallelLogprob, BackwardRejectsAnotherOperatorsResultAndBadViews) {
+  const int64_t real = 32, padded = 32, rows = 2;
+  auto logits = make_logits(DType::fp32, rows, real, padded, 3, 1.0f);
+  SelfComm self;
+  const LogprobContract c = make_contract({real, padded, {{0, padded}}}, 0, rows, {});
+  const auto canonical = canonical_op();
+  const BatchInvariantLogprob single("test-batch-invariant");
+  const std::vector<int64_t> targets = {1, 2};
+  std::vector<float> grad(static_cast<std::size_t>(rows * padded));
+  const MutableLogitsView g{.data = grad.data(),
+                            .dtype = DType::fp32,
+                            .rows = rows,
+                            .cols = padded,
+                            .row_stride = padded};
+  const std::vector<float> ones(rows, 1.0f);
+  const LogprobResult a = canonical.forward(logits.shard(0, padded), targets, c, self);
+  const LogprobResult b = single.forward(logits.shard(0, padded), targets, c, self);
+  EXPECT_THROW(single.backward(a, {.grad_logp = ones}, g), ContractError);
+  EXPECT_THROW(canonical.backward(b, {.grad_logp = ones}, g), ContractError);
+  // Null data is an error, not a crash, for both operators.
+  const LogitsView null_view{
+      .data = nullptr, .dtype = DType::fp32, .rows = rows, .cols = padded, .row_stride = padded};
+  EXPECT_THROW(canonical.forward(null_view, targets, c, self), ContractError);
+  EXPECT_THROW(single.forward(null_view, targets, c, self), ContractError);
+  // backward uses its own copies of LSE: moving the outputs out of the result is fine.
+  LogprobResult moved = canonical.forward(logits.shard(0, padded), targets, c, self);
+  const std::vector<float> lse = std::move(moved.lse);
+  EXPECT_NO_THROW(canonical.backward(moved, {.grad_logp = ones}, g));
+  EXPECT_EQ(lse.size(), static_cast<std::size_t>(rows));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,8 @@ namespace {
 
 // Below this many elements per thread, extra threads cost more than they save.
 constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
+// More threads than this are never started, whatever ExecOptions asks for.
+constexpr int64_t kMaxThreads = 256;
 // Gradients larger than this are written with non-temporal stores (they would only evict the
 // logits and cost a read-for-ownership).
 constexpr int64_t kStreamBytes = int64_t{32} << 20;
@@ -31,6 +34,7 @@ constexpr int64_t kStreamBytes = int64_t{32} << 20;
 int thread_count(const ExecOptions& exec, int64_t rows, int64_t elements_per_row) {
   int64_t threads = exec.threads > 0 ? exec.threads : std::thread::hardware_concurrency();
   if (threads < 1) threads = 1;
+  threads = std::min<int64_t>(threads, kMaxThreads);
   threads = std::min(threads, rows);
   const int64_t total = rows * std::max<int64_t>(elements_per_row, 1);
   threads = std::min(threads, std::max<int64_t>(total / kMinElementsPerThread, 1));
@@ -56,8 +60,18 @@ void parallel_rows(int64_t rows, int threads, const Fn& fn) {
   };
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(threads - 1));
-  for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
+  // A thread that cannot be started (resource limits) runs its block on the calling thread
+  // instead: the blocks, and so the bits, stay the same.
+  std::vector<int> inline_blocks;
+  for (int t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(run, t);
+    } catch (const std::system_error&) {
+      inline_blocks.push_back(t);
+    }
+  }
   run(0);
+  for (int t : inline_blocks) run(t);
   for (std::thread& th : pool) th.join();
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
