@@ -39,6 +39,22 @@ std::vector<float> read_grad(const std::string& path, const char* name, int64_t 
   return v;
 }
 
+// Whether two paths name the same file: the same inode when both exist, else the same
+// normalised absolute path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec)) {
+    const bool same = std::filesystem::equivalent(a, b, ec);
+    if (!ec) return same;
+  }
+  const auto norm = [](const std::string& p) {
+    std::error_code e;
+    const auto w = std::filesystem::weakly_canonical(std::filesystem::absolute(p, e), e);
+    return e ? std::filesystem::path(p).lexically_normal() : w;
+  };
+  return norm(a) == norm(b);
+}
+
 int64_t resolve_tile_width(const LogprobOptions& o, int64_t padded) {
   if (o.num_vocab_tiles) {
     const int64_t k = *o.num_vocab_tiles;
@@ -61,6 +77,24 @@ int logprob_command(const LogprobOptions& o) {
   if (io::tensor_file_format(o.out) != io::TensorFileFormat::safetensors) {
     throw UsageError(fmt::format(
         "{}: --out must be a .safetensors file (it holds logp, lse, entropy, grad_logits)", o.out));
+  }
+  // No output may overwrite another output or an input (the provenance would replace the
+  // tensors; an input would be replaced before a later run could read it again).
+  if (!o.provenance.empty() && same_file(o.provenance, o.out)) {
+    throw UsageError(
+        fmt::format("--provenance {} names the same file as --out; give it its own "
+                    "path (e.g. {}.provenance.json)",
+                    o.provenance, o.out));
+  }
+  for (const std::string* input :
+       {&o.logits, &o.targets, &o.mask, &o.grad_logp, &o.grad_lse, &o.grad_entropy}) {
+    if (input->empty()) continue;
+    for (const std::string* output : {&o.out, &o.provenance}) {
+      if (!output->empty() && same_file(*input, *output)) {
+        throw UsageError(fmt::format(
+            "{} is both an input and an output; write the outputs to new paths", *output));
+      }
+    }
   }
   if (o.tp < 1) throw UsageError(fmt::format("--tp must be >= 1; got {}", o.tp));
   if (!(std::isfinite(o.temperature) && o.temperature > 0)) {

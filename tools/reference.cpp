@@ -68,7 +68,8 @@ void check_row(Accuracy& acc, DType grad_dtype, const RowInputs& in, const RowOu
   const double e_logp = std::abs(static_cast<double>(out.logp) - logp);
   acc.lse = std::max(acc.lse, e_lse);
   acc.logp = std::max(acc.logp, e_logp);
-  bool ok = e_lse <= kValueAtol && e_logp <= kValueAtol;
+  const double value_bound = kValueAtol + kValueRtol * std::abs(lse);
+  bool ok = e_lse <= value_bound && e_logp <= value_bound;
   if (!in.active && std::bit_cast<uint32_t>(out.logp) != 0) {  // exactly +0
     acc.inactive_logp_zero = false;
     ok = false;
@@ -86,7 +87,8 @@ void check_row(Accuracy& acc, DType grad_dtype, const RowInputs& in, const RowOu
                  in.grad_entropy * p * (z[j] - lse + h);
       g /= t;
       const double err = std::abs(static_cast<double>(out.grad[j]) - g);
-      const double bound = kGradAtol + half_ulp(grad_dtype, g);
+      // The gradient of z is divided by T: its absolute error scales with 1 / T.
+      const double bound = kGradAtol / t + kGradRtol * std::abs(g) + half_ulp(grad_dtype, g);
       acc.grad = std::max(acc.grad, err);
       acc.grad_over_bound = std::max(acc.grad_over_bound, err / bound);
       if (!(err <= bound)) ok = false;  // a NaN error fails too

@@ -75,8 +75,9 @@ std::string format_run_report(const RunReport& rep) {
   }
   out += fmt::format(
       "accuracy: {} sampled rows against a float64 reference on the same widened logits; bounds "
-      "{:g} (logp, LSE, entropy) and {:g} + half an ulp of {} (gradient)\n",
-      first.accuracy.rows, kValueAtol, kGradAtol, o.dtype);
+      "{:g} + {:g} |LSE| (logp, LSE), {:g} (entropy) and {:g} / T + {:g} |grad| + half an ulp of "
+      "{} (gradient)\n",
+      first.accuracy.rows, kValueAtol, kValueRtol, kValueAtol, kGradAtol, kGradRtol, o.dtype);
   out += fmt::format("digests (TP={}): logp {} lse {} entropy {} grad_logits {}\n", first.tp,
                      first.digests.logp.substr(0, 16), first.digests.lse.substr(0, 16),
                      first.digests.entropy.substr(0, 16), first.digests.grad_logits.substr(0, 16));
@@ -145,7 +146,9 @@ nlohmann::json run_report_json(const RunReport& rep) {
   j["digests"] = digests;
   j["runs"] = runs;
   j["tolerances"] = {{"value_atol", kValueAtol},
-                     {"grad_atol", kGradAtol},
+                     {"value_rtol_of_lse", kValueRtol},
+                     {"grad_atol_times_temperature", kGradAtol},
+                     {"grad_rtol", kGradRtol},
                      {"grad_rounding", "half an ulp of the logits dtype at |reference|"}};
   j["checks"] = {{"bitwise", rep.bitwise_passed()},
                  {"accuracy", rep.accuracy_passed()},

@@ -47,6 +47,13 @@ struct LogprobResult {
 // with null data when the result holds no saved state).
 LogitsView saved_logits(const LogprobResult& result);
 
+// For a rank that cannot even call forward because its inputs failed checks of its own (for
+// example in a language binding, before a view could be built): joins the preflight that the
+// other ranks of `comm` run inside forward, so that each of them throws ContractError ("cross-rank
+// preflight failed: rank R failed local validation: <message>") instead of waiting for this
+// rank; then throws ContractError(message) here. With a communicator of one rank it just throws.
+[[noreturn]] void fail_preflight(Communicator& comm, const std::string& message);
+
 // Incoming gradients (fp32, one per token); an empty span means "not supplied".
 struct LogprobGrads {
   std::span<const float> grad_logp = {};

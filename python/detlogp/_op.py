@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _detlogp
 from ._checks import check_bool, check_int
-from ._comm import communicator_for
+from ._comm import TorchDistributedComm, communicator_for
 from ._contract import LogprobBackendCapability, LogprobContract
 from ._detlogp import LogprobContractError
 
@@ -174,6 +174,20 @@ class LogprobForward:
         return out
 
 
+def _fail_with_group(group, error):
+    """A rank whose inputs failed the Python-side checks joins the preflight the other ranks of
+    its group are waiting in, so that every rank raises instead of waiting for this one. Raises
+    ``error``'s message as LogprobContractError; returns only without a usable multi-rank group."""
+    if group is None:
+        return
+    try:
+        comm = group if isinstance(group, _detlogp.Communicator) else TorchDistributedComm(group)
+    except Exception:  # no usable group: nobody can be waiting in it
+        return
+    if comm.size > 1:
+        _detlogp.fail_preflight(comm, str(error))
+
+
 def _check_call(contract, deterministic, validate, entropy):
     if not isinstance(contract, LogprobContract):
         raise LogprobContractError("contract must be a LogprobContract")
@@ -248,11 +262,15 @@ class LogprobOp:
 
         ``threads``: CPU threads of the kernels (0: all); the bits never depend on it.
         """
-        _check_call(contract, deterministic, validate, entropy)
-        threads = check_int(threads, "threads", "non-negative")
-        address, dtype, rows, cols, row_stride = _logits_view(local_logits)
-        targets = _targets(target_ids)
-        comm = communicator_for(group, contract.sharding.tp_world_size)
+        try:
+            _check_call(contract, deterministic, validate, entropy)
+            threads = check_int(threads, "threads", "non-negative")
+            comm = communicator_for(group, contract.sharding.tp_world_size)
+            address, dtype, rows, cols, row_stride = _logits_view(local_logits)
+            targets = _targets(target_ids)
+        except LogprobContractError as error:
+            _fail_with_group(group, error)
+            raise
         handle = self._cpp.forward(
             ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
             owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
@@ -264,7 +282,11 @@ class LogprobOp:
         """``(logp, lse)`` or ``(logp, lse, entropy)``, fp32 [tokens], replicated on every TP
         rank. Torch input gives torch tensors attached to autograd when the logits require
         grad (gradients in the logits dtype); NumPy input gives NumPy arrays."""
-        _check_call(contract, deterministic, validate, entropy)
+        try:
+            _check_call(contract, deterministic, validate, entropy)
+        except LogprobContractError as error:
+            _fail_with_group(group, error)
+            raise
         torch = _torch() if _is_tensor(local_logits) else None
         if torch is not None and local_logits.requires_grad and torch.is_grad_enabled():
 

@@ -220,10 +220,20 @@ std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
                                            bool deterministic, bool validate, bool entropy,
                                            int threads) {
   if (!op) throw ContractError("op must be a LogprobOp");
-  const detlogp::LogitsView view = logits_view(ptr, dtype, rows, cols, row_stride);
-  if (targets.ndim() != 1) {
-    throw ContractError("target_ids must be 1-D with one entry per token; got " +
-                        std::to_string(targets.ndim()) + " dimensions");
+  detlogp::LogitsView view;
+  try {
+    view = logits_view(ptr, dtype, rows, cols, row_stride);
+    if (targets.ndim() != 1) {
+      throw ContractError("target_ids must be 1-D with one entry per token; got " +
+                          std::to_string(targets.ndim()) + " dimensions");
+    }
+  } catch (const ContractError& e) {
+    // The other ranks are about to wait in forward's preflight: fail together with them.
+    if (comm) {
+      py::gil_scoped_release nogil;
+      detlogp::fail_preflight(*comm, e.what());
+    }
+    throw;
   }
   const std::span<const int64_t> tg(targets.data(), static_cast<std::size_t>(targets.size()));
   const detlogp::ForwardOptions opt{.deterministic = deterministic,
@@ -552,6 +562,15 @@ PYBIND11_MODULE(_detlogp, m) {
         }
         return py::bytes(recv);
       });
+  // A rank whose inputs failed its own checks joins the others' preflight so all of them raise.
+  m.def(
+      "fail_preflight",
+      [](const std::shared_ptr<Communicator>& comm, const std::string& message) {
+        if (!comm) throw ContractError(message);
+        py::gil_scoped_release nogil;
+        detlogp::fail_preflight(*comm, message);
+      },
+      py::arg("comm"), py::arg("message"));
   py::class_<detlogp::SelfComm, Communicator, std::shared_ptr<detlogp::SelfComm>>(m, "SelfComm")
       .def(py::init<>());
   py::class_<PyCallbackComm, Communicator, std::shared_ptr<PyCallbackComm>>(m, "CallbackComm")

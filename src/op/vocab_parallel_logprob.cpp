@@ -148,6 +148,15 @@ canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
 
 }  // namespace
 
+void fail_preflight(Communicator& comm, const std::string& message) {
+  if (comm.size() > 1) {
+    op::PreflightFacts facts;
+    facts.local_error = message;
+    op::run_preflight(comm, facts);  // throws on every rank, this one with `message`
+  }
+  throw ContractError(message);
+}
+
 LogitsView saved_logits(const LogprobResult& result) {
   return result.saved ? result.saved->logits : LogitsView{};
 }

@@ -192,3 +192,16 @@ def test_bad_usage(d):
     expect_bad(d, ["bench", "--repeats", "0"], "--repeats")
     expect_bad(d, ["no-such-command"])
     expect_bad(d, ["run", "--no-such-option"])
+
+
+def test_outputs_never_overwrite_each_other_or_an_input(d):
+    # --provenance on the same path as --out would replace the tensors with the JSON.
+    expect_bad(d, logprob_args(**{"--provenance": "out.safetensors"}), "--provenance",
+               "same file as --out")
+    expect_bad(d, logprob_args(**{"--provenance": "./sub/../out.safetensors"}), "same file")
+    # An output that is one of the inputs.
+    expect_bad(d, logprob_args(**{"--out": "logits.safetensors",
+                                  "--logits": "logits.safetensors"}),
+               "logits.safetensors", "both an input and an output")
+    expect_bad(d, logprob_args(**{"--provenance": "targets.npy"}), "targets.npy",
+               "both an input and an output")

@@ -91,6 +91,15 @@ def _scenarios(rank, world, data):
 
         expect_failure("local_error_one_rank", local_error)
 
+        def python_check_one_rank():  # only rank 1 passes fp64 logits, rejected in Python
+            c = contract(n, real, padded, bounds=even, rank=rank, mask=mask, tile_width=64)
+            op, _ = detlogp.get_logprob_op(c)
+            s, e = even[rank]
+            local = x[:, s:e]
+            op(local.double() if rank == 1 else local, t, contract=c, group=world_group)
+
+        expect_failure("python_check_one_rank", python_check_one_rank)
+
         def mixed_mode():  # rank 0 non-deterministic, the others deterministic
             c = contract(n, real, padded, bounds=even, rank=rank, mask=mask, tile_width=64,
                          scope="fixed_topology")

@@ -146,6 +146,15 @@ def test_local_error_on_one_rank_raises_on_every_rank(world4):
             assert "rank 1 failed local validation" in msg, (rank, msg)
 
 
+def test_python_side_rejection_on_one_rank_raises_on_every_rank(world4):
+    _, results = world4
+    for rank, res in enumerate(results):
+        msg = res["python_check_one_rank"]
+        assert msg.startswith("LogprobContractError: "), (rank, msg)
+        if rank != 1:
+            assert "rank 1 failed local validation" in msg, (rank, msg)
+
+
 def test_group_still_usable_after_failures_and_comm_basics(world4):
     data, results = world4
     ref = tp1(data, "fp32", entropy=False)
