@@ -106,6 +106,29 @@ struct InProcessGroup::State {
   // std::runtime_error if the group is or becomes aborted first.
   void round(std::unique_lock<std::mutex>& lk, int rank, Op op) {
     if (aborted) throw std::runtime_error(abort_reason);
+    round_arrive_or_wait(lk, rank, op, /*abortable=*/true);
+  }
+
+  // The second round of a collective whose first round completed: every rank is already past
+  // the first round and only copying, so this round always completes. It ignores aborts (a rank
+  // leaving early here would free a send buffer another rank is still copying from).
+  void closing_round(std::unique_lock<std::mutex>& lk, int rank, Op op) {
+    round_arrive_or_wait(lk, rank, op, /*abortable=*/false);
+  }
+
+  void round_arrive_or_wait(std::unique_lock<std::mutex>& lk, int rank, Op op, bool abortable) {
+    if (!abortable) {
+      const std::uint64_t gen = generation;
+      arrived_at[rank] = gen + 1;
+      if (++arrived == size) {
+        arrived = 0;
+        ++generation;
+        cv.notify_all();
+        return;
+      }
+      cv.wait(lk, [&] { return generation != gen; });
+      return;
+    }
     if (departed_count > 0) {
       abort_locked("rank " + std::to_string(rank) + " entered " + op_name(op) + " but " +
                    rank_list(departed_locked()) + " already returned from its function");
@@ -225,7 +248,7 @@ class InProcessComm final : public Communicator {
     }
 
     lk.lock();
-    st.round(lk, rank_, op);
+    st.closing_round(lk, rank_, op);
     lk.unlock();
     if (!mismatch.empty()) throw ContractError(mismatch);
   }
