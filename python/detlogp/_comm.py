@@ -80,6 +80,14 @@ def communicator_for(group, tp_world_size):
     Communicator is used as is."""
     if isinstance(group, Communicator):
         return group
+    if group is not None and tp_world_size == 1:
+        comm = TorchDistributedComm(group)
+        if comm.size == 1:
+            return comm
+        raise LogprobContractError(
+            f"the contract says tp_world_size=1 but the group has {comm.size} ranks: pass "
+            "group=None for a single TP rank, or build the contract with the group's size as "
+            "tp_world_size")
     if group is None:
         if tp_world_size > 1:
             raise LogprobContractError(

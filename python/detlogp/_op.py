@@ -111,6 +111,9 @@ def _targets(t):
     if a.ndim != 1:
         raise LogprobContractError(
             f"target_ids must be 1-D with one entry per token; got shape {a.shape}")
+    if a.dtype.kind == "u" and a.dtype.itemsize >= 8 and a.size and int(a.max()) > 2**63 - 1:
+        raise LogprobContractError(
+            f"target_ids must fit in int64; got {int(a.max())} (dtype {a.dtype})")
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
@@ -265,6 +268,9 @@ class LogprobOp:
         try:
             _check_call(contract, deterministic, validate, entropy)
             threads = check_int(threads, "threads", "non-negative")
+            if not 0 <= threads <= 4096:
+                raise LogprobContractError(
+                    f"threads must be 0 (all hardware threads) or a count up to 4096; got {threads}")
             comm = communicator_for(group, contract.sharding.tp_world_size)
             address, dtype, rows, cols, row_stride = _logits_view(local_logits)
             targets = _targets(target_ids)

@@ -217,6 +217,12 @@ def test_invocation_checks():
         op(x[:, :500], t, contract=c2, group=detlogp.SelfComm())
     with pytest.raises(LogprobContractError, match="cross_tp_bitwise"):
         op(x, t, contract=c, deterministic=False)
+    with pytest.raises(LogprobContractError, match="threads must be 0"):
+        op.forward(x, t, contract=c, threads=-1)
+    with pytest.raises(LogprobContractError, match="threads must be 0"):
+        op.forward(x, t, contract=c, threads=2**40)
+    with pytest.raises(LogprobContractError, match="must fit in int64"):
+        op(x.numpy(), np.array([0, 1, 2, 3, 4, 2**63], dtype=np.uint64), contract=c)
     # deterministic=False with fixed_topology: fine, and within tolerance of the canon
     cf = contract(6, REAL, PADDED, tile_width=W, scope="fixed_topology")
     a = op(x, t, contract=cf, deterministic=False)
