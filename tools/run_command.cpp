@@ -9,6 +9,8 @@
 #include <iostream>
 #include <thread>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "cli.hpp"
@@ -109,6 +111,18 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   Progress progress(true);
   progress.step("[run] generating synthetic logits...");
   const std::size_t esz = dtype_size(dtype);
+  // Logits and gradient, each tokens x padded: refuse up front what this machine cannot hold
+  // (instead of a bare std::bad_alloc, or the kernel's OOM killer, halfway through).
+  const double needed =
+      2.0 * static_cast<double>(o.tokens) * static_cast<double>(stride) * static_cast<double>(esz);
+  const double physical =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (physical > 0 && needed > 0.8 * physical) {
+    throw UsageError(fmt::format(
+        "--tokens {} x {} columns of {} needs {:.1f} GB for the logits and the gradient; this "
+        "machine has {:.1f} GB: use fewer --tokens",
+        o.tokens, stride, o.dtype, needed / 1e9, physical / 1e9));
+  }
   const std::size_t bytes = static_cast<std::size_t>(o.tokens * stride) * esz;
   std::vector<std::byte> logits(bytes), grad(bytes);
   fill_logits(spec, 0, o.tokens, 0, stride, logits.data(), stride, threads);
