@@ -6,6 +6,8 @@
 #
 #   BUNDLE_DIR/bin/cuda_kernels_test   GPU tests (gtest; static CUDA runtime)
 #   BUNDLE_DIR/bin/bench_cuda          GPU benchmark
+#   BUNDLE_DIR/bin/detlogp             the command line with --device cuda (no MPI: the
+#                                      in-process rank group covers TP > 1)
 #   BUNDLE_DIR/torch_bench_cuda.py     PyTorch on the same GPU and shapes
 #   BUNDLE_DIR/lib/                    the shared libraries the binaries need beyond glibc
 #                                      (libhwy, libfmt, libcrypto, libstdc++, libgcc_s):
@@ -22,12 +24,12 @@ JOBS=${JOBS:-2}
 
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDETLOGP_BUILD_PYTHON=OFF \
-  -DDETLOGP_BUILD_TOOLS=OFF -DDETLOGP_WITH_CUDA=ON >/dev/null
-cmake --build "$BUILD" -j "$JOBS" --target cuda_kernels_test bench_cuda
+  -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_WITH_MPI=OFF -DDETLOGP_WITH_CUDA=ON >/dev/null
+cmake --build "$BUILD" -j "$JOBS" --target cuda_kernels_test bench_cuda detlogp_cli
 
 rm -rf "$BUNDLE"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
-cp "$BUILD/tests/cuda_kernels_test" "$BUILD/bin/bench_cuda" "$BUNDLE/bin/"
+cp "$BUILD/tests/cuda_kernels_test" "$BUILD/bin/bench_cuda" "$BUILD/bin/detlogp" "$BUNDLE/bin/"
 cp src/kernels/cuda/torch_bench_cuda.py "$BUNDLE/"
 strip --strip-unneeded "$BUNDLE/bin/"* 2>/dev/null || true
 

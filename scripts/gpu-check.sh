@@ -6,13 +6,18 @@
 #   1. the GPU tests (bitwise equality with the CPU reference; TP = 1/2/4; the operator),
 #   2. the benchmark (D2D copy bandwidth, bf16/fp32 forward at N=4096 x 151936, backward),
 #   3. PyTorch on the same GPU and shapes (when python3 has torch with CUDA),
-#   4. a short table, printed last.
+#   4. the command line on the GPU (when the bundle has bin/detlogp): `detlogp run --device cuda
+#      --tokens 256` (TP 1, 2, 4 on one GPU, checked bitwise across TP and against float64),
+#      its digests against `detlogp run --device cpu` on the same batch (GPU bits == CPU bits),
+#      and `detlogp bench --device cuda`,
+#   5. a short table, printed last.
 #
 #   scripts/gpu-check.sh [BUNDLE_OR_BUILD_DIR=build-gpu-bundle]
 #
 # Logs and JSON go to $OUT (the device tool's output folder) when set, else to
 # BUNDLE/gpu-check-out/. Exit status: 0 when the tests passed (or skipped: no GPU), 1 otherwise.
-# Env: ROWS (4096), VOCAB (151936), REPS (10), TEST_TIMEOUT (420 s), BENCH_TIMEOUT (240 s).
+# Env: ROWS (4096), VOCAB (151936), REPS (10), TEST_TIMEOUT (420 s), BENCH_TIMEOUT (240 s),
+# CLI_TOKENS (256), CLI_TIMEOUT (120 s per command).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-build-gpu-bundle}
@@ -23,11 +28,13 @@ if [ -x "$DIR/bin/cuda_kernels_test" ]; then         # a bundle
   TEST=$DIR/bin/cuda_kernels_test
   BENCH=$DIR/bin/bench_cuda
   TORCH=$DIR/torch_bench_cuda.py
+  CLI=$DIR/bin/detlogp
   export LD_LIBRARY_PATH="$(cd "$DIR/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 elif [ -x "$DIR/tests/cuda_kernels_test" ]; then     # a build folder on this machine
   TEST=$DIR/tests/cuda_kernels_test
   BENCH=$DIR/bin/bench_cuda
   TORCH=src/kernels/cuda/torch_bench_cuda.py
+  CLI=$DIR/bin/detlogp
 else
   echo "gpu-check: no cuda_kernels_test under $DIR (run scripts/gpu-bundle.sh first)" >&2
   exit 2
@@ -39,7 +46,8 @@ PY=$(command -v python3 || true)
 echo "== machine"
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
 [ -f "$DIR/MANIFEST" ] && head -5 "$DIR/MANIFEST"
-missing=$(ldd "$TEST" "$BENCH" 2>/dev/null | grep "not found" || true)
+[ -x "$CLI" ] || CLI=
+missing=$(ldd "$TEST" "$BENCH" $CLI 2>/dev/null | grep "not found" || true)
 if [ -n "$missing" ]; then
   echo "gpu-check: shared libraries missing:"; echo "$missing"; exit 2
 fi
@@ -66,6 +74,56 @@ else
   echo "torch_bench_cuda: SKIPPED: no python3"
 fi
 
+echo "== 4. detlogp command line (--device cuda)"
+# cli_status: PASS, SKIPPED (why) or FAIL (what); the runs' JSON and logs stay in $LOG.
+cli_status="SKIPPED (no bin/detlogp in $DIR)"
+if [ -n "$CLI" ]; then
+  CLI_TOKENS=${CLI_TOKENS:-256}
+  timeout "${CLI_TIMEOUT:-120}" "$CLI" run --device cuda --tokens "$CLI_TOKENS" --json \
+    >"$LOG/cli_run_cuda.json" 2>"$LOG/cli_run_cuda.err"
+  run_rc=$?
+  cat "$LOG/cli_run_cuda.err" | tr '\r' '\n' | grep -v '^\[' || true
+  if [ "$run_rc" -eq 2 ] && grep -q -e 'no CUDA device' -e 'built without CUDA' "$LOG/cli_run_cuda.err"; then
+    cli_status="SKIPPED ($(tail -1 "$LOG/cli_run_cuda.err"))"
+  else
+    timeout "${CLI_TIMEOUT:-120}" "$CLI" run --device cpu --tokens "$CLI_TOKENS" --json \
+      >"$LOG/cli_run_cpu.json" 2>"$LOG/cli_run_cpu.err"
+    cpu_rc=$?
+    timeout "${CLI_TIMEOUT:-120}" "$CLI" bench --device cuda 2>"$LOG/cli_bench_cuda.err" \
+      | tee "$LOG/cli_bench_cuda.log"
+    bench_rc=${PIPESTATUS[0]}
+    cli_status=$("${PY:-false}" - "$LOG/cli_run_cuda.json" "$LOG/cli_run_cpu.json" "$run_rc" \
+                   "$cpu_rc" "$bench_rc" <<'PYEOF' || echo "FAIL (run rc $run_rc, cpu rc $cpu_rc, bench rc $bench_rc; no python3 to compare)"
+import json, sys
+cuda_p, cpu_p, run_rc, cpu_rc, bench_rc = sys.argv[1:]
+problems = []
+try:
+    g = json.load(open(cuda_p))
+except Exception as e:
+    print(f"FAIL (run --device cuda rc {run_rc}: no JSON: {e})"); sys.exit(0)
+try:
+    c = json.load(open(cpu_p))
+except Exception as e:
+    c = None; problems.append(f"run --device cpu rc {cpu_rc}: no JSON")
+for r in g["runs"]:
+    print(f"  cuda TP {r['tp']} ({r['kernel']}): fwd {1e3 * r['forward_seconds']:.2f} ms, bwd "
+          f"{1e3 * r['backward_seconds']:.2f} ms, replicated {r['replicated']}, equal to TP "
+          f"{g['runs'][0]['tp']} {r['bitwise_equal']}, accuracy {r['accuracy']['passed']}",
+          file=sys.stderr)
+if run_rc != "0": problems.append(f"run --device cuda rc {run_rc}")
+if not all(r["kernel"].startswith("cuda") for r in g["runs"]):
+    problems.append("run --device cuda did not run the cuda kernels")
+if c is not None and g["digests"] != c["digests"]:
+    problems.append("digests differ from --device cpu")
+if bench_rc != "0": problems.append(f"bench --device cuda rc {bench_rc}")
+print("PASS (TP 1/2/4 bitwise, accuracy, digests == --device cpu, bench ran)" if not problems
+      else "FAIL (" + "; ".join(problems) + ")")
+PYEOF
+)
+  fi
+fi
+echo "cli: $cli_status"
+
 echo "== summary"
 if [ "$test_rc" -eq 0 ]; then
   status=PASS
@@ -76,6 +134,7 @@ else
   status="FAIL (rc $test_rc, $tests_failed failed)"
 fi
 echo "gpu tests: $status; passed $tests_passed, skipped $tests_skipped, failed $tests_failed"
+echo "cli --device cuda: $cli_status"
 if [ -n "$PY" ] && [ -s "$LOG/bench_cuda.jsonl" ]; then
   "$PY" - "$LOG/bench_cuda.jsonl" "$LOG/torch.jsonl" <<'PYEOF'
 import json, os, sys
@@ -105,4 +164,4 @@ PYEOF
 else
   echo "no benchmark results (no CUDA device or no python3)"
 fi
-[ "$test_rc" -eq 0 ]
+[ "$test_rc" -eq 0 ] && [ "${cli_status#FAIL}" = "$cli_status" ]

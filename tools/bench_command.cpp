@@ -8,6 +8,11 @@
 // plus the machine's read bandwidth (a multithreaded sum over the logits buffer), measured in
 // the same run. floor_fraction = bytes moved / read bandwidth / seconds: 1.0 is as fast as
 // reading the logits (backward also writes the gradient, counted as bytes moved).
+//
+// --device cuda: the same canonical and nondeterministic benchmarks on the registry's cuda
+// backend (cuda-canonical-vocab-parallel-logp, logits and gradient in GPU memory), against the
+// device-to-device copy bandwidth measured in the same run (bytes read + written per second);
+// naive_forward (a CPU loop) is left out.
 
 #include <fmt/format.h>
 
@@ -23,6 +28,7 @@
 #include <thread>
 
 #include "cli.hpp"
+#include "device.hpp"
 #include "numerics/canon.hpp"
 #include "parallel.hpp"
 #include "progress.hpp"
@@ -118,6 +124,10 @@ int bench_command(const BenchOptions& o) {
   if (o.repeats < 1) throw UsageError(fmt::format("--repeats must be >= 1; got {}", o.repeats));
   if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
   const DType dtype = parse_dtype(o.dtype, "--dtype");
+  const Device device = parse_device(o.device);
+  const bool on_cpu = device == Device::cpu;
+  init_device(device);
+  const std::string backend_id = canonical_backend_id(device);
   const int threads = resolve_threads(o.threads);
   const int64_t n = o.tokens;
   const int64_t v = megatron_padded_vocab(o.real_vocab, 1);
@@ -129,25 +139,50 @@ int bench_command(const BenchOptions& o) {
   std::vector<std::byte> logits(static_cast<std::size_t>(n * v) * esz), grad(logits.size());
   fill_logits(spec, 0, n, 0, v, logits.data(), v, threads);
   const SyntheticRows rows = synthetic_rows(spec, 0, n);
-  const LogitsView x{.data = logits.data(), .dtype = dtype, .rows = n, .cols = v, .row_stride = v};
-  const MutableLogitsView g{
-      .data = grad.data(), .dtype = dtype, .rows = n, .cols = v, .row_stride = v};
+  DeviceBuffer device_logits, device_grad;
+  if (!on_cpu) {
+    progress.step("[bench] copying the logits to " + device_description(device) + "...");
+    device_logits = DeviceBuffer(device, logits.size());
+    device_grad = DeviceBuffer(device, grad.size());
+    device_logits.upload(logits.data(), logits.size());
+  }
+  const LogitsView x{
+      .data = on_cpu ? static_cast<const void*>(logits.data()) : device_logits.data(),
+      .dtype = dtype,
+      .rows = n,
+      .cols = v,
+      .row_stride = v};
+  const MutableLogitsView g{.data = on_cpu ? static_cast<void*>(grad.data()) : device_grad.data(),
+                            .dtype = dtype,
+                            .rows = n,
+                            .cols = v,
+                            .row_stride = v};
 
-  progress.step("[bench] read bandwidth...");
-  const double gbps = read_gbps(logits, threads, o.repeats);
+  double gbps = 0;
+  if (on_cpu) {
+    progress.step("[bench] read bandwidth...");
+    gbps = read_gbps(logits, threads, o.repeats);
+  } else {
+    // Device-to-device copy of the logits: bytes read + bytes written per second.
+    progress.step("[bench] D2D copy bandwidth...");
+    const double s =
+        median_seconds(o.repeats, [&] { device_grad.copy_from(device_logits, logits.size()); });
+    gbps = 2.0 * static_cast<double>(logits.size()) / s / 1e9;
+  }
 
   ScoreRequest req{.dtype = dtype,
                    .real_vocab = o.real_vocab,
                    .padded_vocab = v,
                    .bounds = {{0, v}},
-                   .backend = std::string(kCpuCanonicalBackendId),
+                   .backend = backend_id,
+                   .platform = platform_of(device),
                    .targets = rows.targets,
                    .active = &rows.active};
   const LogprobContract det = make_contract(req, 0);
   req.deterministic = false;
   const LogprobContract nondet = make_contract(req, 0);
-  const DispatchResult d = Registry::global().get_logprob_op(det, kCpuCanonicalBackendId);
-  const DispatchResult dn = Registry::global().get_logprob_op(nondet, kCpuCanonicalBackendId);
+  const DispatchResult d = Registry::global().get_logprob_op(det, backend_id, req.platform);
+  const DispatchResult dn = Registry::global().get_logprob_op(nondet, backend_id, req.platform);
   SelfComm self;
   const ExecOptions exec{.threads = threads};
   const double read_bytes = static_cast<double>(n * v) * static_cast<double>(esz);
@@ -171,13 +206,15 @@ int bench_command(const BenchOptions& o) {
   results.push_back({"canonical_backward",
                      median_seconds(o.repeats, [&] { d.op->backward(fwd, grads, g); }),
                      2 * read_bytes});
-  progress.step("[bench] naive_forward...");
-  std::vector<float> logp(static_cast<std::size_t>(n)), lse(logp.size());
-  results.push_back(
-      {"naive_forward",
-       median_seconds(o.repeats,
-                      [&] { naive_forward(x, rows.targets, rows.active, logp, lse, threads); }),
-       read_bytes});
+  if (on_cpu) {
+    progress.step("[bench] naive_forward...");
+    std::vector<float> logp(static_cast<std::size_t>(n)), lse(logp.size());
+    results.push_back(
+        {"naive_forward",
+         median_seconds(o.repeats,
+                        [&] { naive_forward(x, rows.targets, rows.active, logp, lse, threads); }),
+         read_bytes});
+  }
   progress.step("[bench] nondeterministic_forward...");
   results.push_back({"nondeterministic_forward",
                      median_seconds(o.repeats, [&] { forward(dn, nondet, false, false); }),
@@ -187,11 +224,18 @@ int bench_command(const BenchOptions& o) {
   const double elements = static_cast<double>(n * v);
   if (o.json) {
     nlohmann::json j;
-    j["machine"] = {{"read_gbps", gbps},
-                    {"threads", threads},
-                    {"hardware_threads", std::thread::hardware_concurrency()},
-                    {"kernel", d.op->kernel_name()},
-                    {"simd_targets", simd_targets()}};
+    if (on_cpu) {
+      j["machine"] = {{"read_gbps", gbps},
+                      {"threads", threads},
+                      {"hardware_threads", std::thread::hardware_concurrency()},
+                      {"kernel", d.op->kernel_name()},
+                      {"simd_targets", simd_targets()}};
+    } else {
+      j["machine"] = {{"device", device_description(device)},
+                      {"d2d_copy_gbps", gbps},
+                      {"kernel", d.op->kernel_name()},
+                      {"backend", backend_id}};
+    }
     j["results"] = nlohmann::json::array();
     for (const Result& r : results) {
       j["results"].push_back({{"name", r.name},
@@ -207,10 +251,18 @@ int bench_command(const BenchOptions& o) {
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
-  std::cout << fmt::format(
-      "detlogp bench: {} tokens x {} vocab, {}, {} thread{}, kernel {}, median of {}\n", n, v,
-      o.dtype, threads, threads == 1 ? "" : "s", d.op->kernel_name(), o.repeats);
-  std::cout << fmt::format("read bandwidth: {:.2f} GB/s\n\n", gbps);
+  if (on_cpu) {
+    std::cout << fmt::format(
+        "detlogp bench: {} tokens x {} vocab, {}, {} thread{}, kernel {}, median of {}\n", n, v,
+        o.dtype, threads, threads == 1 ? "" : "s", d.op->kernel_name(), o.repeats);
+    std::cout << fmt::format("read bandwidth: {:.2f} GB/s\n\n", gbps);
+  } else {
+    std::cout << fmt::format(
+        "detlogp bench: {} tokens x {} vocab, {}, device {}, backend {} (kernel {}), median of "
+        "{}\n",
+        n, v, o.dtype, device_description(device), backend_id, d.op->kernel_name(), o.repeats);
+    std::cout << fmt::format("D2D copy bandwidth: {:.2f} GB/s (read + write)\n\n", gbps);
+  }
   Table t({"name", "median", "elements/s", "floor fraction", "vs naive"});
   double naive = 0;
   for (const Result& r : results) {
@@ -219,11 +271,16 @@ int bench_command(const BenchOptions& o) {
   for (const Result& r : results) {
     t.add_row({r.name, fmt_seconds(r.seconds), fmt_rate(elements / r.seconds),
                fmt::format("{:.2f}", r.bytes / (gbps * 1e9) / r.seconds),
-               fmt::format("{:.2f}x", naive / r.seconds)});
+               naive > 0 ? fmt::format("{:.2f}x", naive / r.seconds) : std::string("-")});
   }
   std::cout << t.str();
-  std::cout << "floor fraction: bytes moved / read bandwidth / time (1.00 = as fast as reading "
-               "the logits once; backward counts the gradient write)\n";
+  if (on_cpu) {
+    std::cout << "floor fraction: bytes moved / read bandwidth / time (1.00 = as fast as reading "
+                 "the logits once; backward counts the gradient write)\n";
+  } else {
+    std::cout << "floor fraction: bytes moved / D2D copy bandwidth / time (1.00 = as fast as "
+                 "copying; backward counts the gradient write)\n";
+  }
   return kExitOk;
 }
 

@@ -30,7 +30,8 @@ struct RunOptions {
   uint64_t seed = 2026;
   float temperature = 1.0f;
   std::string backend = "auto";
-  std::string comm = "auto";  // auto | in-process | mpi
+  std::string comm = "auto";   // auto | in-process | mpi
+  std::string device = "cpu";  // cpu | cuda (device.hpp)
   bool json = false;
 };
 
@@ -42,6 +43,7 @@ struct LogprobOptions {
   std::optional<int64_t> num_vocab_tiles;
   float temperature = 1.0f;
   std::string backend = "auto";
+  std::string device = "cpu";
   bool entropy = false;
   std::string grad_logp, grad_lse, grad_entropy;
   bool deterministic = true;
@@ -63,6 +65,7 @@ struct BenchOptions {
   int threads = 0;
   int repeats = 5;
   uint64_t seed = 2026;
+  std::string device = "cpu";
   bool json = false;
 };
 

@@ -13,6 +13,7 @@
 
 #include "cli.hpp"
 #include "detlogp/version.hpp"
+#include "device.hpp"
 #include "io/file.hpp"
 #include "io/tensor_file.hpp"
 #include "scoring.hpp"
@@ -104,6 +105,8 @@ int logprob_command(const LogprobOptions& o) {
     throw UsageError("--grad-entropy needs --entropy (the entropy gradient needs the entropy)");
   }
   if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
+  const Device device = parse_device(o.device);
+  init_device(device);
 
   // Inputs.
   const io::Tensor logits_t = io::read_tensor(o.logits, "logits");
@@ -152,6 +155,7 @@ int logprob_command(const LogprobOptions& o) {
       .tile_width = w,
       .temperature = o.temperature,
       .backend = o.backend,
+      .platform = platform_of(device),
       .deterministic = o.deterministic,
       .entropy = o.entropy,
       .targets = targets,
@@ -164,9 +168,26 @@ int logprob_command(const LogprobOptions& o) {
                     .data = std::vector<std::byte>(backward ? logits_t.data.size() : 0)};
   const MutableLogitsView grad =
       backward ? io::as_mutable_logits_view(grad_t, o.out) : MutableLogitsView{};
+  // --device cuda: the logits (same row stride) and the gradient on the GPU; the gradient
+  // comes back into grad_t for the output file.
+  LogitsView scored_logits = logits;
+  MutableLogitsView scored_grad = grad;
+  DeviceBuffer device_logits, device_grad;
+  if (device != Device::cpu) {
+    device_logits = DeviceBuffer(device, logits_t.data.size());
+    device_logits.upload(logits_t.data.data(), logits_t.data.size());
+    scored_logits.data = device_logits.data();
+    if (backward) {
+      device_grad = DeviceBuffer(device, grad_t.data.size());
+      scored_grad.data = device_grad.data();
+    }
+  }
   std::vector<RankScore> ranks;
   try {
-    ranks = score_in_process(req, logits, grad, resolve_threads(o.threads));
+    ranks = score_in_process(req, scored_logits, scored_grad, resolve_threads(o.threads));
+    if (backward && device != Device::cpu) {
+      device_grad.download(grad_t.data.data(), grad_t.data.size());
+    }
   } catch (const ContractError& e) {
     // What the operator still refuses is about the logits (a non-finite active row).
     throw ContractError(fmt::format("{}: {}", o.logits, e.what()));

@@ -41,6 +41,8 @@ void add_run(CLI::App& app, RunOptions& o) {
       ->capture_default_str();
   app.add_option("--comm", o.comm, "auto (mpi when launched by mpirun), in-process or mpi")
       ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object instead of the table");
 }
 
@@ -60,6 +62,8 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
   app.add_option("--temperature", o.temperature, "scores use logits / temperature")
       ->capture_default_str();
   app.add_option("--backend", o.backend, "registry request")->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
+      ->capture_default_str();
   app.add_flag("--entropy", o.entropy, "also compute the entropy");
   app.add_option("--grad-logp", o.grad_logp, "[tokens] F32 upstream gradient of logp");
   app.add_option("--grad-lse", o.grad_lse, "[tokens] F32 upstream gradient of lse");
@@ -90,6 +94,8 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   app.add_option("--repeats", o.repeats, "timed repetitions (median reported)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the synthetic logits")->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print JSON");
 }
 
@@ -109,7 +115,7 @@ int main(int argc, char** argv) {
       "run", "the main job: a synthetic Qwen3-shaped batch at TP 1, 2, 4, checked bitwise");
   CLI::App* logprob = app.add_subcommand("logprob", "logprobs (and gradients) of tensor files");
   CLI::App* drift = app.add_subcommand("drift", "drift report of two logprob files");
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks of the CPU backend");
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks of the CPU (or --device cuda) backend");
   CLI::App* version_cmd = app.add_subcommand("version", "print the version");
   for (CLI::App* sub : {run, logprob, drift, bench}) {
     sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

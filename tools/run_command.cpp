@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "device.hpp"
 #include "progress.hpp"
 #include "run_checks.hpp"
 #include "run_report.hpp"
@@ -50,6 +51,7 @@ void check_common(const RunOptions& o) {
   }
   if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
   parse_dtype(o.dtype, "--dtype");
+  parse_device(o.device);
 }
 
 }  // namespace
@@ -85,6 +87,12 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 int run_command(const RunOptions& o, int* argc, char*** argv) {
   const std::string comm = resolve_comm(o.comm);
   check_common(o);
+  const Device device = parse_device(o.device);
+  if (comm == "mpi" && device != Device::cpu) {
+    throw UsageError(
+        "--device cuda runs on the in-process group (all TP ranks on one GPU); "
+        "it does not combine with --comm mpi");
+  }
   if (comm == "mpi") {
 #ifdef DETLOGP_CLI_WITH_MPI
     return run_mpi_command(o, argc, argv);
@@ -96,6 +104,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   }
   if (o.cp != 1) throw UsageError("--cp needs --comm mpi (context parallelism splits processes)");
   const std::vector<int64_t> tps = parse_int_list(o.tp.empty() ? "1,2,4" : o.tp, "--tp");
+  init_device(device);
   const DType dtype = parse_dtype(o.dtype, "--dtype");
   const int threads = resolve_threads(o.threads);
   const SyntheticSpec spec{
@@ -127,10 +136,23 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   std::vector<std::byte> logits(bytes), grad(bytes);
   fill_logits(spec, 0, o.tokens, 0, stride, logits.data(), stride, threads);
   const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
+  // The buffers the ranks read and write: the host's for cpu; for cuda one device copy of the
+  // logits (each rank's shard is its column range of it) and a device gradient, copied back
+  // into `grad` for the checks.
+  DeviceBuffer device_logits, device_grad;
+  if (device != Device::cpu) {
+    progress.step("[run] copying the logits to " + device_description(device) + "...");
+    device_logits = DeviceBuffer(device, bytes);
+    device_grad = DeviceBuffer(device, bytes);
+    device_logits.upload(logits.data(), bytes);
+  }
+  const void* logits_data = device != Device::cpu ? device_logits.data() : logits.data();
+  void* grad_data = device != Device::cpu ? device_grad.data() : grad.data();
 
   RunReport report;
   report.options = o;
   report.comm = "in-process";
+  report.device = device_description(device);
   report.threads = threads;
   for (bool a : rows.active) report.active_tokens += a ? 1 : 0;
 
@@ -145,6 +167,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
                      .tile_width = o.tile_width,
                      .temperature = o.temperature,
                      .backend = o.backend,
+                     .platform = platform_of(device),
                      .entropy = true,
                      .targets = rows.targets,
                      .active = &rows.active,
@@ -154,17 +177,19 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
                      .on_phase = [&](const std::string& p) { progress.step(tag + p + "..."); }};
     // Garbage (all bits set: NaN) so that a column backward does not write shows.
     std::memset(grad.data(), 0xff, grad.size());
-    const LogitsView full{.data = logits.data(),
+    if (device != Device::cpu) device_grad.fill(0xff);
+    const LogitsView full{.data = logits_data,
                           .dtype = dtype,
                           .rows = o.tokens,
                           .cols = layout.padded_vocab_size,
                           .row_stride = stride};
-    const MutableLogitsView grad_view{.data = grad.data(),
+    const MutableLogitsView grad_view{.data = grad_data,
                                       .dtype = dtype,
                                       .rows = o.tokens,
                                       .cols = layout.padded_vocab_size,
                                       .row_stride = stride};
     std::vector<RankScore> ranks = score_in_process(req, full, grad_view, threads);
+    if (device != Device::cpu) device_grad.download(grad.data(), grad.size());
     progress.step(tag + "checking...");
     const LogitsView grad_read{.data = grad.data(),
                                .dtype = dtype,

@@ -49,6 +49,7 @@ std::string format_run_report(const RunReport& rep) {
   out += fmt::format("backend {} -> {} (kernel {}), {} ({} process{}), {} thread{}\n", o.backend,
                      first.actual_backend, first.kernel, rep.comm, rep.world_size,
                      rep.world_size == 1 ? "" : "es", rep.threads, rep.threads == 1 ? "" : "s");
+  if (rep.device != "cpu") out += fmt::format("device {}\n", rep.device);
   out += "forward with entropy; backward with grad_logp, grad_lse and grad_entropy\n\n";
   Table t({"TP", "CP", "padded", "fwd", "bwd", "fwd elem/s", "bwd elem/s", "bitwise", "max|dlogp|",
            "max|dLSE|", "max|dH|", "max|dgrad|", "accuracy"});
@@ -99,6 +100,7 @@ nlohmann::json run_report_json(const RunReport& rep) {
   j["command"] = "run";
   j["comm"] = rep.comm;
   j["world_size"] = rep.world_size;
+  if (rep.device != "cpu") j["device"] = rep.device;  // --device cuda only
   j["options"] = {{"tokens", o.tokens},
                   {"real_vocab", o.real_vocab},
                   {"dtype", o.dtype},

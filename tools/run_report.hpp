@@ -41,7 +41,8 @@ struct TpRunReport {
 
 struct RunReport {
   RunOptions options;
-  std::string comm;  // "in-process" or "mpi"
+  std::string comm;            // "in-process" or "mpi"
+  std::string device = "cpu";  // where the logits live: "cpu" or "cuda:0 (<name>)"
   int world_size = 1;
   int threads = 1;  // total
   int64_t active_tokens = 0;

@@ -51,7 +51,7 @@ bool wants_backward(const LogprobGrads& g) {
 RankScore score_rank(Communicator& comm, const ScoreRequest& request, const LogitsView& shard,
                      const MutableLogitsView& grad_shard, int threads) {
   const LogprobContract contract = make_contract(request, comm.rank());
-  DispatchResult d = Registry::global().get_logprob_op(contract, request.backend);
+  DispatchResult d = Registry::global().get_logprob_op(contract, request.backend, request.platform);
   RankScore out;
   out.provenance_json = d.provenance_json;
   out.actual_backend = d.actual_backend;

@@ -24,6 +24,8 @@ struct ScoreRequest {
   int64_t tile_width = kDefaultTileWidth;
   float temperature = 1.0f;
   std::string backend = "auto";
+  // Registry platform: "cpu", or "cuda" (device logits and gradient, see device.hpp).
+  std::string platform = "cpu";
   bool deterministic = true;  // false: determinism_scope fixed_topology, non-deterministic mode
   bool entropy = false;
   int64_t cp_rank = 0;

@@ -19,7 +19,7 @@ from ._detlogp import LogprobContractError
 from ._enums import (IMPLEMENTATION_KINDS, RESERVED_DISPATCH_POLICIES, DeterminismScope,
                      DowncastPoint, DType, Engine, ImplementationKind, MaskMode, Merge,
                      MergeAxis, ReductionOrder, Role, TPPlacement, Transport)
-from ._op import LogprobDispatchResult, LogprobForward, LogprobOp, get_logprob_op
+from ._op import LogprobDispatchResult, LogprobForward, LogprobOp, cuda_status, get_logprob_op
 
 __version__ = _detlogp.version()
 NUMERICS_VERSION = _detlogp.NUMERICS_VERSION
@@ -27,6 +27,8 @@ DEFAULT_TILE_WIDTH = _detlogp.DEFAULT_TILE_WIDTH
 CPU_CANONICAL_BACKEND_ID = _detlogp.CPU_CANONICAL_BACKEND_ID
 CPU_REFERENCE_BACKEND_ID = _detlogp.CPU_REFERENCE_BACKEND_ID
 CPU_BATCH_INVARIANT_BACKEND_ID = _detlogp.CPU_BATCH_INVARIANT_BACKEND_ID
+CUDA_BUILT = _detlogp.CUDA_BUILT  # the CUDA backend is compiled in (docs/cuda.md)
+CUDA_CANONICAL_BACKEND_ID = _detlogp.CUDA_CANONICAL_BACKEND_ID  # None without CUDA
 
 __all__ = [
     "LogprobContractError", "LogprobContract", "ShardingSpec", "MaskSpec", "ReductionSpec",
@@ -37,5 +39,6 @@ __all__ = [
     "LogprobForward", "Communicator", "SelfComm", "TorchDistributedComm", "even_bounds",
     "even_tile_aligned_bounds", "megatron_bounds", "megatron_padded_vocab", "NUMERICS_VERSION",
     "DEFAULT_TILE_WIDTH", "CPU_CANONICAL_BACKEND_ID", "CPU_REFERENCE_BACKEND_ID",
-    "CPU_BATCH_INVARIANT_BACKEND_ID", "__version__",
+    "CPU_BATCH_INVARIANT_BACKEND_ID", "CUDA_BUILT", "CUDA_CANONICAL_BACKEND_ID", "cuda_status",
+    "__version__",
 ]

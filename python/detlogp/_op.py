@@ -10,7 +10,14 @@ The logits are never copied: the C++ operator reads the caller's buffer (any row
 dimension contiguous) and backward reads it again, so the logits must stay alive and
 unchanged until backward is done (for torch tensors that require grad, autograd keeps them
 alive and refuses a backward after an in-place change).
+
+Where the logits live picks the registry platform: CPU tensors and NumPy arrays run on "cpu",
+CUDA torch tensors on "cuda" (the CUDA backend, docs/cuda.md: the same bits as the CPU; only in
+a build with CUDA, else LogprobContractError). An op dispatched for one platform given logits
+on the other is dispatched again, with the same contract and request, for the logits' platform.
 """
+
+import contextlib
 
 import json
 
@@ -22,9 +29,11 @@ from ._comm import TorchDistributedComm, communicator_for
 from ._contract import LogprobBackendCapability, LogprobContract
 from ._detlogp import LogprobContractError
 
-__all__ = ["LogprobOp", "LogprobForward", "LogprobDispatchResult", "get_logprob_op"]
+__all__ = ["LogprobOp", "LogprobForward", "LogprobDispatchResult", "get_logprob_op",
+           "cuda_status"]
 
 _NUMPY_DTYPES = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
+PLATFORMS = ("cpu", "cuda")
 
 
 def _torch():
@@ -45,13 +54,55 @@ def _torch_dtype_name(dtype):
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype)
 
 
-def _logits_view(x):
-    """(address, dtype, rows, cols, row_stride) of a 2-D logits buffer, without copying."""
+def _platform_for_device(device_type, name="local_logits"):
+    """The registry platform of a torch device type: "cpu" or "cuda"; anything else raises."""
+    if device_type in PLATFORMS:
+        return device_type
+    raise LogprobContractError(
+        f"{name} must be a CPU or CUDA tensor (or a NumPy array); got device type "
+        f"{device_type!r}")
+
+
+def _platform_of(x, name="local_logits"):
+    """Where the logits live: "cuda" for a CUDA torch tensor, "cpu" for a CPU tensor or NumPy."""
     if _is_tensor(x):
-        if x.device.type != "cpu":
-            raise LogprobContractError(
-                f"local_logits must be a CPU tensor; got device {x.device} (the CUDA backend "
-                "is not built)")
+        return _platform_for_device(x.device.type, name)
+    return "cpu"
+
+
+def cuda_status():
+    """``(built, device_count, reason)``: whether this detlogp has the CUDA backend, how many CUDA
+    devices it sees, and why none (empty when there is one). Starts nothing on the GPU."""
+    built, count, why = _detlogp.cuda_backend_status()
+    return bool(built), int(count), str(why)
+
+
+def _check_cuda_built():
+    if not _detlogp.CUDA_BUILT:
+        raise LogprobContractError(
+            "CUDA logits need the CUDA backend, but this detlogp was built without CUDA (no "
+            "CUDA compiler, or DETLOGP_WITH_CUDA=OFF); pass CPU tensors or rebuild with CUDA")
+
+
+@contextlib.contextmanager
+def _on_device(x):
+    """For a CUDA tensor: its device is current while the C++ kernels run (they use the current
+    device), and work queued on torch's current stream is finished before they read it (they run
+    on the legacy default stream and return when done). Nothing for CPU tensors and NumPy."""
+    if _platform_of(x) != "cuda":
+        yield
+        return
+    torch = _torch()
+    with torch.cuda.device(x.device):
+        torch.cuda.current_stream(x.device).synchronize()
+        yield
+
+
+def _logits_view(x):
+    """(address, dtype, rows, cols, row_stride) of a 2-D logits buffer, without copying (a CUDA
+    tensor gives its device address)."""
+    if _is_tensor(x):
+        _platform_of(x)
         if x.layout != _torch().strided:
             raise LogprobContractError(f"local_logits must be a strided tensor; got {x.layout}")
         dtype = _torch_dtype_name(x.dtype)
@@ -133,13 +184,25 @@ class LogprobForward:
     Holds a reference to the logits: they must stay unchanged until backward is done.
     """
 
-    __slots__ = ("_handle", "_logits", "_torch_out", "logp", "lse", "entropy")
+    __slots__ = ("_handle", "_logits", "_torch_out", "platform", "backend_id", "logp", "lse",
+                 "entropy")
 
-    def __init__(self, handle, logits):
+    def __init__(self, handle, logits, platform="cpu", backend_id=None):
         self._handle = handle
         self._logits = logits
         self._torch_out = _is_tensor(logits)
-        convert = _torch().from_numpy if self._torch_out else (lambda a: a)
+        self.platform = platform  # "cpu" or "cuda": where it ran
+        self.backend_id = backend_id  # the backend that ran
+        if self._torch_out and platform == "cuda":
+            device = logits.device
+
+            def convert(a):
+                return _torch().from_numpy(a).to(device)
+        elif self._torch_out:
+            convert = _torch().from_numpy
+        else:
+            def convert(a):
+                return a
         self.logp = convert(handle.logp)
         self.lse = convert(handle.lse)
         ent = handle.entropy
@@ -162,18 +225,28 @@ class LogprobForward:
         x = self._logits
         if out is None:
             if self._torch_out:
-                out = _torch().empty(tuple(x.shape), dtype=x.dtype)
+                out = _torch().empty(tuple(x.shape), dtype=x.dtype, device=x.device)
             else:
                 out = np.empty(x.shape, dtype=x.dtype)
+        if _is_tensor(out):
+            _platform_of(out, "out")
         address, dtype, rows, cols, row_stride = _logits_view(out)
         if _is_tensor(out) and out.requires_grad:
             raise LogprobContractError("out must not require grad")
         if isinstance(out, np.ndarray) and not out.flags.writeable:
             raise LogprobContractError("out must be writeable")
-        self._handle.backward(grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
-                              grad_entropy=_grad_array(grad_entropy), out_ptr=address,
-                              out_dtype=dtype, out_rows=rows, out_cols=cols,
-                              out_row_stride=row_stride)
+        if self.platform == "cuda" and (not _is_tensor(out) or out.device != x.device):
+            where = out.device if _is_tensor(out) else "a NumPy array"
+            raise LogprobContractError(
+                f"out must live on the logits' device {x.device}; got {where}")
+        if self.platform == "cpu" and _platform_of(out, "out") != "cpu":
+            raise LogprobContractError(
+                f"out must be a CPU tensor or a NumPy array like the logits; got {out.device}")
+        grads = dict(grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
+                     grad_entropy=_grad_array(grad_entropy))
+        with _on_device(out):
+            self._handle.backward(**grads, out_ptr=address, out_dtype=dtype, out_rows=rows,
+                                  out_cols=cols, out_row_stride=row_stride)
         return out
 
 
@@ -242,10 +315,25 @@ def _function():
 class LogprobOp:
     """A logprob backend handed out by ``get_logprob_op`` (a C++ LogprobOp)."""
 
-    __slots__ = ("_cpp",)
+    __slots__ = ("_cpp", "_requested", "_platform")
 
-    def __init__(self, cpp_op):
+    def __init__(self, cpp_op, requested_backend="auto", platform="cpu"):
         self._cpp = cpp_op
+        self._requested = requested_backend  # what get_logprob_op was asked for
+        self._platform = platform  # the platform it was dispatched on
+
+    @property
+    def platform(self):
+        """The registry platform this op was dispatched on ("cpu" or "cuda")."""
+        return self._platform
+
+    def _op_for(self, platform, contract):
+        """(C++ op, backend id) for logits on `platform`: this op, or the same request
+        dispatched again on the logits' platform."""
+        if platform == self._platform:
+            return self._cpp, self._cpp.backend_id
+        d = _dispatch(contract, self._requested, platform)
+        return d.op, d.actual_backend
 
     @property
     def backend_id(self):
@@ -274,14 +362,18 @@ class LogprobOp:
             comm = communicator_for(group, contract.sharding.tp_world_size)
             address, dtype, rows, cols, row_stride = _logits_view(local_logits)
             targets = _targets(target_ids)
+            platform = _platform_of(local_logits)
+            cpp, backend_id = self._op_for(platform, contract)
         except LogprobContractError as error:
             _fail_with_group(group, error)
             raise
-        handle = self._cpp.forward(
-            ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
-            owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
-            deterministic=deterministic, validate=validate, entropy=entropy, threads=threads)
-        return LogprobForward(handle, local_logits)
+        with _on_device(local_logits):
+            handle = cpp.forward(
+                ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
+                owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
+                deterministic=deterministic, validate=validate, entropy=entropy,
+                threads=threads)
+        return LogprobForward(handle, local_logits, platform, backend_id)
 
     def __call__(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
                  validate=True, entropy=False):
@@ -330,7 +422,7 @@ class LogprobDispatchResult:
                  "backend_name", "platform", "fallback", "prior_rejections")
 
     def __init__(self, d):
-        self.op = LogprobOp(d.op)
+        self.op = LogprobOp(d.op, d.requested_backend, d.platform)
         self.capability = LogprobBackendCapability._from_cpp(d.capability)
         self.provenance = json.loads(d.provenance_json)
         self.requested_backend = d.requested_backend
@@ -354,15 +446,29 @@ class LogprobDispatchResult:
                 f"fallback={self.fallback})")
 
 
-def get_logprob_op(contract, requested_backend="auto"):
+def _dispatch(contract, requested_backend, platform):
+    """The C++ DispatchResult of `contract` on `platform` ("cpu" or "cuda")."""
+    if platform not in PLATFORMS:
+        raise LogprobContractError(f"platform must be 'cpu' or 'cuda'; got {platform!r}")
+    if platform == "cuda":
+        _check_cuda_built()
+    return _detlogp.get_logprob_op(contract._cpp, requested_backend, platform)
+
+
+def get_logprob_op(contract, requested_backend="auto", *, platform="cpu"):
     """Contract dispatch (seed-semantics.md section 3.2) through the C++ registry.
 
     ``requested_backend``: "auto" (first fitting candidate), "production", "reference"
-    (case-insensitive), or an exact backend id. Raises LogprobContractError for a bad request
-    and RuntimeError listing every rejection when no backend fits (never a silent fallback).
+    (case-insensitive), or an exact backend id. ``platform``: "cpu" (default) or "cuda" (the
+    CUDA backend; LogprobContractError where detlogp was built without CUDA or no device
+    exists). The op also runs logits of the other platform (a CUDA tensor given to a cpu op is
+    dispatched again on "cuda"). Raises LogprobContractError for a bad request and RuntimeError
+    listing every rejection when no backend fits (never a silent fallback).
     """
     if not isinstance(contract, LogprobContract):
         raise LogprobContractError("contract must be a LogprobContract")
     if not isinstance(requested_backend, str):
         raise LogprobContractError("requested_backend must be a non-empty string")
-    return LogprobDispatchResult(_detlogp.get_logprob_op(contract._cpp, requested_backend))
+    if not isinstance(platform, str):
+        raise LogprobContractError(f"platform must be 'cpu' or 'cuda'; got {platform!r}")
+    return LogprobDispatchResult(_dispatch(contract, requested_backend, platform))

@@ -43,6 +43,10 @@
 #include "detlogp/registry.hpp"
 #include "detlogp/version.hpp"
 
+#ifdef DETLOGP_HAVE_CUDA
+#include "detlogp/cuda.hpp"
+#endif
+
 namespace py = pybind11;
 
 namespace {
@@ -306,6 +310,38 @@ py::list in_process_forward(
     out.append(py::make_tuple(to_numpy(r.logp), to_numpy(r.lse), to_numpy(r.entropy)));
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cuda platform (CUDA torch tensors). The backend is registered on the global registry the
+// first time it is asked for, and only where a device exists: the registry is never handed a
+// backend it cannot load.
+
+// (built with CUDA, device count, why none).
+std::tuple<bool, int, std::string> cuda_backend_status() {
+#ifdef DETLOGP_HAVE_CUDA
+  std::string why;
+  const int n = detlogp::cuda_device_count(&why);
+  return {true, n, why};
+#else
+  return {false, 0, "built without CUDA"};
+#endif
+}
+
+// Throws ContractError unless the cuda platform can run; registers its backend once.
+void ensure_cuda_backend() {
+#ifdef DETLOGP_HAVE_CUDA
+  std::string why;
+  if (detlogp::cuda_device_count(&why) == 0) {
+    throw ContractError("CUDA logits: no CUDA device (" + why + ")");
+  }
+  static std::once_flag once;
+  std::call_once(once, [] { detlogp::register_cuda_backend(detlogp::Registry::global()); });
+#else
+  throw ContractError(
+      "CUDA logits need the CUDA backend, but this detlogp was built without CUDA (no CUDA "
+      "compiler, or DETLOGP_WITH_CUDA=OFF); pass CPU tensors or rebuild with CUDA");
+#endif
 }
 
 }  // namespace
@@ -626,8 +662,18 @@ PYBIND11_MODULE(_detlogp, m) {
       .def_readonly("provenance_json", &detlogp::DispatchResult::provenance_json);
   m.def(
       "get_logprob_op",
-      [](const LogprobContract& contract, const std::string& requested_backend) {
-        return detlogp::get_logprob_op(contract, requested_backend);
+      [](const LogprobContract& contract, const std::string& requested_backend,
+         const std::string& platform) {
+        if (platform == "cuda") ensure_cuda_backend();
+        return detlogp::Registry::global().get_logprob_op(contract, requested_backend, platform);
       },
-      py::arg("contract"), py::arg("requested_backend"));
+      py::arg("contract"), py::arg("requested_backend"), py::arg("platform") = "cpu");
+#ifdef DETLOGP_HAVE_CUDA
+  m.attr("CUDA_BUILT") = true;
+  m.attr("CUDA_CANONICAL_BACKEND_ID") = std::string(detlogp::kCudaCanonicalBackendId);
+#else
+  m.attr("CUDA_BUILT") = false;
+  m.attr("CUDA_CANONICAL_BACKEND_ID") = py::none();
+#endif
+  m.def("cuda_backend_status", &cuda_backend_status);
 }
