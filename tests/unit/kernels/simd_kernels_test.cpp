@@ -481,6 +481,112 @@ TEST(SimdKernels, LargeBackwardMatchesReference) {
                  t);
 }
 
+// Roots and coefficients that the forward never produces, aimed at the backward's fast path
+// (x = z - LSE in [-86, -0], no flush, no NaN select): LSE below the row max (x > 0), LSE equal
+// to a logit (x = +0) or +0 against z = -0, x near -86, H = -x (a zero bracket), H = +-0,
+// non-finite or huge H, and gradients that are NaN, infinite, +-0, tiny or large enough for
+// t1 + t2 or t3 to overflow.
+TEST(SimdKernels, BackwardArbitraryRootsAndCoefficientsMatchReference) {
+  const int64_t R = 250, cols = 256, rows = 96, stride = cols + 5;
+  std::mt19937_64 rng(90);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (float& v : values) v = normal(rng);
+  std::vector<float> lse(rows), h(rows), g(rows), gl(rows), gh(rows);
+  std::vector<int64_t> target(rows);
+  const float specials[] = {0.0f,  -0.0f, kNaN,   kInf,    -kInf,  3e38f, -3e38f,
+                            1e38f, 2e38f, 1e-30f, -1e-38f, 1e-45f, 0.75f, -1.25f};
+  const size_t ns = sizeof specials / sizeof specials[0];
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = values.data() + r * cols;
+    if (r % 6 == 1) {  // zeros of both signs among values around 0
+      for (int64_t c = 0; c < cols; ++c) row[c] = c % 3 == 0 ? (c % 2 ? -0.0f : 0.0f) : row[c];
+    }
+    if (r % 6 == 2) {  // a band around the fast path's limit x = -86
+      for (int64_t c = 0; c < cols; ++c) row[c] = -86.0f + 0.01f * normal(rng);
+    }
+    float mx = -kInf;
+    for (int64_t c = 0; c < R; ++c) mx = std::max(mx, row[c]);
+    const size_t i = static_cast<size_t>(r);
+    switch (r % 8) {
+      case 0:
+        lse[i] = mx + 2.0f;
+        break;
+      case 1:
+        lse[i] = r % 6 == 1 ? 0.0f : mx;
+        break;  // x = +0 (and -0 - +0 = -0)
+      case 2:
+        lse[i] = row[r % R];
+        break;  // x = +0 at one column, x > 0 beyond
+      case 3:
+        lse[i] = mx - 0.5f;
+        break;
+      case 4:
+        lse[i] = r % 6 == 2 ? 0.0f : mx + 80.0f;
+        break;
+      case 5:
+        lse[i] = mx + 86.0f;
+        break;
+      case 6:
+        lse[i] = -0.0f;
+        break;
+      default:
+        lse[i] = mx + 1e-3f;
+        break;
+    }
+    // H: the negated x of some column (a bracket of exactly 0), +-0, specials, plain values.
+    switch (r % 5) {
+      case 0:
+        h[i] = -(row[(r * 7) % R] - lse[i]);
+        break;
+      case 1:
+        h[i] = specials[(r / 5) % ns];
+        break;
+      case 2:
+        h[i] = r % 2 ? 0.0f : -0.0f;
+        break;
+      default:
+        h[i] = normal(rng);
+        break;
+    }
+    g[i] = r % 3 == 0 ? specials[(r * 5) % ns] : normal(rng);
+    gl[i] = r % 4 == 1 ? specials[(r * 3) % ns] : normal(rng);
+    gh[i] = r % 7 == 2 ? specials[r % ns] : normal(rng);
+    if (r % 11 == 3) {  // t1 + t2 overflows to -inf, t3 to +inf: NaN
+      g[i] = 3e38f;
+      gl[i] = -3e38f;
+      gh[i] = 3e38f;
+      h[i] = -1e38f;
+    }
+    target[i] = r % 4 == 3 ? -1 : (r * 37) % R;
+  }
+  for (DType dt : {DType::fp32, DType::bf16, DType::fp16}) {
+    const Matrix m = make_matrix(values, rows, cols, stride, dt);
+    for (float tau : {1.0f, 0.7f}) {
+      ShardSpec spec;
+      spec.geometry = TileGeometry{R, 128};
+      spec.temperature = tau;
+      for (int mask = 0; mask < 8; ++mask) {
+        SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dt)) + " tau " +
+                     std::to_string(tau) + " mask " + std::to_string(mask));
+        BackwardInputs in;
+        in.lse = lse;
+        in.entropy = h;
+        in.target_local = target;
+        if (mask & 1) in.grad_logp = g;
+        if (mask & 2) in.grad_lse = gl;
+        if (mask & 4) in.grad_entropy = gh;
+        const auto want = run_backward(reference_kernels(), m, spec, in, cols + 3, 1);
+        for (const std::string& target_name : targets()) {
+          SCOPED_TRACE("target " + target_name);
+          const auto got = run_backward(simd_kernels_for(target_name), m, spec, in, cols + 3, 2);
+          EXPECT_TRUE(same_bytes(want, got, dtype_size(dt)));
+        }
+      }
+    }
+  }
+}
+
 // The non-temporal store path of each target's backward row function, forced on small inputs
 // (the driver only enables it for large outputs), rows starting at every alignment.
 TEST(SimdKernels, StreamingStoresMatchReference) {

@@ -19,6 +19,7 @@
 // Never compiled with fast-math or FP contraction (-ffp-contract=off).
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -135,6 +136,25 @@ HWY_INLINE VF DetExpNonPositive(VF x) {
   using K = canon::ExpConstants;
   const DF d;
   const DI di;
+#if HWY_TARGET == HWY_AVX3
+  // q = rint(x log2e) by vrndscaleps (round to nearest even: canon::round_even itself), and
+  // p * 2^q by vscalefps, one rounding of the exact product: the same value as the canon's
+  // (p * 2^q1) * 2^q2 for every q >= -127 (the first product is exact), and for q = -127 both
+  // lie below the normal range (flushed below). Lanes with x < -88 are replaced as above.
+  static_assert(kN == 16, "AVX3: one 512-bit vector of floats");
+  (void)di;
+  const VF q = hn::Round(hn::Mul(x, hn::Set(d, K::kLog2e)));
+  VF r = hn::NegMulAdd(q, hn::Set(d, K::kLn2Hi), x);
+  r = hn::NegMulAdd(q, hn::Set(d, K::kLn2Lo), r);
+  VF p = hn::Set(d, K::kC6);
+  p = Fma(p, r, hn::Set(d, K::kC5));
+  p = Fma(p, r, hn::Set(d, K::kC4));
+  p = Fma(p, r, hn::Set(d, K::kC3));
+  p = Fma(p, r, hn::Set(d, K::kC2));
+  p = Fma(p, r, hn::Set(d, 1.0f));
+  p = Fma(p, r, hn::Set(d, 1.0f));
+  const VF y{_mm512_scalef_ps(p.raw, q.raw)};
+#else
   const VF magic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
   const VF tq = hn::Add(hn::Mul(x, hn::Set(d, K::kLog2e)), magic);
   const VF q = hn::Sub(tq, magic);
@@ -157,6 +177,7 @@ HWY_INLINE VF DetExpNonPositive(VF x) {
   const VF scale =
       hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, tq), hn::Set(di, 127))));
   const VF y = hn::Mul(p, scale);
+#endif
   if constexpr (kInRange) return y;
   const VF res = hn::IfThenZeroElse(hn::Lt(y, hn::Set(d, canon::kMinNormal)), y);
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, K::kUnderflowBelow)), res);
@@ -544,28 +565,25 @@ void NodePartialsRows(const NodePartialsJob& job, int64_t row_begin, int64_t row
 // Backward.
 
 // canon::float_to_bf16 lane-wise, the result in the high 16 bits of each lane (low bits: junk).
-HWY_INLINE VU FloatToBf16High(VF g) {
+// `may_nan` false: the caller has proved that no lane is NaN, so the canonical-NaN select could
+// not fire and is skipped.
+HWY_INLINE VU FloatToBf16High(VF g, bool may_nan) {
   const DU du;
   const VU u = hn::BitCast(du, g);
   const VU rounded =
       hn::Add(hn::Add(u, hn::Set(du, 0x7fffu)), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)));
+  if (!may_nan) return rounded;
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(g)),
                         hn::Set(du, uint32_t{canon::kCanonicalBf16NanBits} << 16), rounded);
 }
 
 // canon::float_to_bf16 lane-wise (32-bit lanes holding the 16-bit result).
-HWY_INLINE VU FloatToBf16Bits(VF g) {
-  const DU du;
-  const VU u = hn::BitCast(du, g);
-  const VU rounded =
-      hn::Add(hn::Add(u, hn::Set(du, 0x7fffu)), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)));
-  const VU bits = hn::ShiftRight<16>(rounded);
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(g)), hn::Set(du, canon::kCanonicalBf16NanBits),
-                        bits);
+HWY_INLINE VU FloatToBf16Bits(VF g, bool may_nan) {
+  return hn::ShiftRight<16>(FloatToBf16High(g, may_nan));
 }
 
 // canon::float_to_fp16 lane-wise.
-HWY_INLINE VU FloatToFp16Bits(VF g) {
+HWY_INLINE VU FloatToFp16Bits(VF g, bool may_nan) {
   const DF d;
   const DU du;
   const VU u = hn::BitCast(du, g);
@@ -586,17 +604,18 @@ HWY_INLINE VU FloatToFp16Bits(VF g) {
   VU bits = hn::IfThenElse(is_normal, normal, sub);
   bits = hn::IfThenElse(is_inf, hn::Set(du, 0x7c00u), bits);
   bits = hn::Or(sign, bits);
+  if (!may_nan) return bits;
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(g)), hn::Set(du, canon::kCanonicalFp16NanBits),
                         bits);
 }
 
 // Writes N gradient values (fp32) as the storage dtype: canonical NaN, round to nearest even.
 template <DType kDT>
-HWY_INLINE void StoreGrad(VF g, typename Storage<kDT>::T* out, bool stream) {
+HWY_INLINE void StoreGrad(VF g, typename Storage<kDT>::T* out, bool stream, bool may_nan) {
   const DF d;
   if constexpr (kDT == DType::fp32) {
     const VF nan = hn::BitCast(d, hn::Set(DU(), canon::kCanonicalNanBits));
-    const VF v = hn::IfThenElse(hn::IsNaN(g), nan, g);
+    const VF v = may_nan ? hn::IfThenElse(hn::IsNaN(g), nan, g) : g;
     if (stream) {
       hn::Stream(v, d, out);
     } else {
@@ -604,7 +623,7 @@ HWY_INLINE void StoreGrad(VF g, typename Storage<kDT>::T* out, bool stream) {
     }
   } else {
     const D16 d16;
-    const VU bits = kDT == DType::bf16 ? FloatToBf16Bits(g) : FloatToFp16Bits(g);
+    const VU bits = kDT == DType::bf16 ? FloatToBf16Bits(g, may_nan) : FloatToFp16Bits(g, may_nan);
     const auto narrow = hn::DemoteTo(d16, hn::BitCast(DI(), bits));  // values fit in 16 bits
     if (stream) {
       hn::Stream(narrow, d16, out);
@@ -620,11 +639,47 @@ struct RowGrad {
   bool has_logp, has_lse, has_entropy;
   float g_logp, g_lse, g_entropy;
   int64_t target;  // local column, or -1
+  // The fast path of GradVec (see there).
+  bool fast;          // lse finite and at least one gradient supplied
+  bool nan_free;      // no fast-path lane can be NaN
+  float neg_g_logp;   // -g_logp; -0 when not supplied
+  float fast_g_lse;   // g_lse; -0 when not supplied
+  float neg_entropy;  // -entropy
 };
 
-// canon::grad_element for N columns; `target_lane` is the lane holding the target column, or -1.
+RowGrad MakeRowGrad(const BackwardJob& job, int64_t row) {
+  RowGrad rg;
+  rg.lse = job.lse[row];
+  rg.entropy = job.entropy != nullptr ? job.entropy[row] : 0.0f;
+  rg.tau = job.temperature;
+  rg.finite_lse = rg.lse - rg.lse == 0.0f;
+  rg.has_logp = job.grad_logp != nullptr;
+  rg.has_lse = job.grad_lse != nullptr;
+  rg.has_entropy = job.grad_entropy != nullptr;
+  rg.g_logp = rg.has_logp ? job.grad_logp[row] : 0.0f;
+  rg.g_lse = rg.has_lse ? job.grad_lse[row] : 0.0f;
+  rg.g_entropy = rg.has_entropy ? job.grad_entropy[row] : 0.0f;
+  rg.target = job.target_local[row];
+  rg.fast = rg.finite_lse && (rg.has_logp || rg.has_lse || rg.has_entropy);
+  rg.neg_g_logp = rg.has_logp ? -rg.g_logp : -0.0f;
+  rg.fast_g_lse = rg.has_lse ? rg.g_lse : -0.0f;
+  rg.neg_entropy = -rg.entropy;
+  // See GradVec: t1 + t2 is finite when |g_logp| + |g_lse| <= FLT_MAX (exact in double), the
+  // entropy bracket when |H| <= 1e38; then at most t3 is infinite and no lane is NaN.
+  const auto finite = [](float v) { return v - v == 0.0f; };
+  rg.nan_free =
+      rg.finite_lse && finite(rg.g_logp) && finite(rg.g_lse) &&
+      std::fabs(static_cast<double>(rg.g_logp)) + std::fabs(static_cast<double>(rg.g_lse)) <=
+          static_cast<double>(std::numeric_limits<float>::max()) &&
+      (!rg.has_entropy || (finite(rg.g_entropy) && std::fabs(rg.entropy) <= 1e38f));
+  return rg;
+}
+
+// canon::grad_element for N columns, in general (any z, lse, coefficients); `target_lane` is the
+// lane holding the target column, or -1. Not inlined: the fast path below takes nearly every
+// vector, and this keeps the hot loop small.
 template <bool kScaled>
-HWY_INLINE VF GradVec(VF z, int64_t target_lane, const RowGrad& rg) {
+HWY_NOINLINE VF GradVecGeneral(VF z, int64_t target_lane, const RowGrad& rg) {
   const DF d;
   const VF zero = hn::Zero(d);
   const VF vlse = hn::Set(d, rg.lse);
@@ -656,7 +711,87 @@ HWY_INLINE VF GradVec(VF z, int64_t target_lane, const RowGrad& rg) {
   return grad;
 }
 
-template <DType kDT, bool kScaled>
+// Bits of -86.0f as a signed integer: x <= -0 and x >= -86 exactly when bits(x), read as int32,
+// is <= this (negative floats are the negative integers, ordered by magnitude; +0, positive
+// numbers, -inf and NaNs all compare greater).
+constexpr int32_t kFastLimitBits = static_cast<int32_t>(0xc2ac0000u);
+static_assert(std::bit_cast<uint32_t>(-86.0f) == 0xc2ac0000u);
+
+// canon::grad_element for N columns; `may_nan` tells whether a lane can be NaN.
+//
+// Fast path: a row with finite LSE and at least one gradient, a vector without the target column,
+// and x = z - LSE in [-86, -0] on every lane (one integer compare). There, with the canon's bits:
+// - p = det_exp(x) is a normal number in (0, 1]: no flush (DetExpNonPositive<true>), and the
+//   entropy term's p == 0 select cannot fire;
+// - onehot - p = 0 - p = -p exactly, so g_logp (0 - p) = (-g_logp) p (same exact product);
+// - LSE - z = -x exactly (x != +0), so (LSE - z) - H = (-x) + (-H) = (-H) - x;
+// - a gradient that is not supplied adds -0 (t1 = -0 p, t2 = -0 p), which leaves every sum
+//   unchanged (y + -0 == y for every y, and a first term -0 + -0 + t3 == t3); with no gradient
+//   at all the canon's +0 differs, so such rows take the general path;
+// - no lane is NaN when the row's coefficients are tame (RowGrad::nan_free): then the
+//   canonical-NaN select is skipped.
+// Whether every lane of x lies in [-86, -0].
+HWY_INLINE bool InFastRange(VF x) {
+  const DI di;
+  return hn::AllTrue(di, hn::Lt(hn::BitCast(di, x), hn::Set(di, kFastLimitBits + 1)));
+}
+// The same for every lane of a and b (the larger integer of the two, lane-wise).
+HWY_INLINE bool InFastRange(VF a, VF b) {
+  const DI di;
+  return hn::AllTrue(
+      di, hn::Lt(hn::Max(hn::BitCast(di, a), hn::BitCast(di, b)), hn::Set(di, kFastLimitBits + 1)));
+}
+
+// The fast path's gradient of x = z - LSE (all lanes in [-86, -0], no target column).
+template <bool kScaled, bool kEntropy>
+HWY_INLINE VF FastGrad(VF x, const RowGrad& rg) {
+  const DF d;
+  const VF p = DetExpNonPositive<true>(x);
+  VF grad = hn::Add(hn::Mul(hn::Set(d, rg.neg_g_logp), p), hn::Mul(hn::Set(d, rg.fast_g_lse), p));
+  if constexpr (kEntropy) {
+    const VF bracket = hn::Sub(hn::Set(d, rg.neg_entropy), x);
+    grad = hn::Add(grad, hn::Mul(hn::Set(d, rg.g_entropy), hn::Mul(p, bracket)));
+  }
+  if constexpr (kScaled) grad = hn::Div(grad, hn::Set(d, rg.tau));
+  return grad;
+}
+
+template <bool kScaled, bool kEntropy>
+HWY_INLINE VF GradVec(VF z, int64_t target_lane, const RowGrad& rg, bool& may_nan) {
+  const DF d;
+  const VF x = hn::Sub(z, hn::Set(d, rg.lse));
+  if (rg.fast && target_lane < 0 && InFastRange(x)) {
+    may_nan = !rg.nan_free;
+    return FastGrad<kScaled, kEntropy>(x, rg);
+  }
+  may_nan = true;
+  return GradVecGeneral<kScaled>(z, target_lane, rg);
+}
+
+// One step of the bf16 loop (2N columns) outside the fast path: not inlined, so that the hot
+// loop holds no call.
+template <bool kScaled, bool kEntropy>
+HWY_NOINLINE void Bf16StepGeneral(VF ze, VF zo, int64_t c, const RowGrad& rg, uint32_t* out,
+                                  bool stream) {
+  const DU du;
+  int64_t lane_e = -1, lane_o = -1;
+  if (rg.target >= c && rg.target < c + static_cast<int64_t>(2 * kN)) {
+    const int64_t k = rg.target - c;
+    (k % 2 == 0 ? lane_e : lane_o) = k / 2;
+  }
+  bool nan_e, nan_o;
+  const VF ge = GradVec<kScaled, kEntropy>(ze, lane_e, rg, nan_e);
+  const VF go = GradVec<kScaled, kEntropy>(zo, lane_o, rg, nan_o);
+  const VU packed = hn::OrAnd(hn::ShiftRight<16>(FloatToBf16High(ge, nan_e)),
+                              FloatToBf16High(go, nan_o), hn::Set(du, 0xffff0000u));
+  if (stream) {
+    hn::Stream(packed, du, out);
+  } else {
+    hn::StoreU(packed, du, out);
+  }
+}
+
+template <DType kDT, bool kScaled, bool kEntropy>
 void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   using T = typename Storage<kDT>::T;
   const DF d;
@@ -673,18 +808,7 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   for (int64_t row = row_begin; row < row_end; ++row) {
     const T* src = base + row * job.row_stride;
     T* dst = gbase + row * job.grad_row_stride;
-    RowGrad rg;
-    rg.lse = job.lse[row];
-    rg.entropy = job.entropy != nullptr ? job.entropy[row] : 0.0f;
-    rg.tau = job.temperature;
-    rg.finite_lse = rg.lse - rg.lse == 0.0f;
-    rg.has_logp = job.grad_logp != nullptr;
-    rg.has_lse = job.grad_lse != nullptr;
-    rg.has_entropy = job.grad_entropy != nullptr;
-    rg.g_logp = rg.has_logp ? job.grad_logp[row] : 0.0f;
-    rg.g_lse = rg.has_lse ? job.grad_lse[row] : 0.0f;
-    rg.g_entropy = rg.has_entropy ? job.grad_entropy[row] : 0.0f;
-    rg.target = job.target_local[row];
+    const RowGrad rg = MakeRowGrad(job, row);
 
     auto lane_of = [&](int64_t c0) -> int64_t {
       return rg.target >= c0 && rg.target < c0 + static_cast<int64_t>(kN) ? rg.target - c0 : -1;
@@ -695,7 +819,10 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
       HWY_ALIGN T out[kN];
       std::memset(in, 0, sizeof in);
       std::memcpy(in, src + c, static_cast<size_t>(n) * sizeof(T));
-      StoreGrad<kDT>(GradVec<kScaled>(LoadZ<kDT, kScaled>(in, vtau), lane_of(c), rg), out, false);
+      bool may_nan;
+      const VF g =
+          GradVec<kScaled, kEntropy>(LoadZ<kDT, kScaled>(in, vtau), lane_of(c), rg, may_nan);
+      StoreGrad<kDT>(g, out, false, may_nan);
       std::memcpy(dst + c, out, static_cast<size_t>(n) * sizeof(T));
     };
     auto partial_range = [&](int64_t c0, int64_t c1) HWY_ATTR {
@@ -718,6 +845,9 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
       // into the same layout (element-wise math does not care about the lane order).
       const DU du;
       const VU hi_mask = hn::Set(du, 0xffff0000u);
+      const VF vlse = hn::Set(d, rg.lse);
+      const bool fast_row = rg.fast;
+      const bool may_nan = !rg.nan_free;
       for (; c + static_cast<int64_t>(2 * kN) <= real_end; c += 2 * kN) {
         const VU w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(src + c));
         VF ze = hn::BitCast(d, hn::ShiftLeft<16>(w));
@@ -726,15 +856,20 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
           ze = hn::Div(ze, vtau);
           zo = hn::Div(zo, vtau);
         }
-        int64_t lane_e = -1, lane_o = -1;
-        if (rg.target >= c && rg.target < c + static_cast<int64_t>(2 * kN)) {
-          const int64_t k = rg.target - c;
-          (k % 2 == 0 ? lane_e : lane_o) = k / 2;
-        }
-        const VU he = FloatToBf16High(GradVec<kScaled>(ze, lane_e, rg));
-        const VU ho = FloatToBf16High(GradVec<kScaled>(zo, lane_o, rg));
-        const VU packed = hn::Or(hn::And(ho, hi_mask), hn::ShiftRight<16>(he));
         uint32_t* out = reinterpret_cast<uint32_t*>(dst + c);
+        const VF xe = hn::Sub(ze, vlse);
+        const VF xo = hn::Sub(zo, vlse);
+        // The target column lies in [c, c + 2N) when (target - c) < 2N as an unsigned number.
+        if (HWY_UNLIKELY(!fast_row ||
+                         static_cast<uint64_t>(rg.target - c) < static_cast<uint64_t>(2 * kN) ||
+                         !InFastRange(xe, xo))) {
+          Bf16StepGeneral<kScaled, kEntropy>(ze, zo, c, rg, out, stream);
+          continue;
+        }
+        const VF ge = FastGrad<kScaled, kEntropy>(xe, rg);
+        const VF go = FastGrad<kScaled, kEntropy>(xo, rg);
+        const VU packed = hn::OrAnd(hn::ShiftRight<16>(FloatToBf16High(ge, may_nan)),
+                                    FloatToBf16High(go, may_nan), hi_mask);
         if (stream) {
           hn::Stream(packed, du, out);
         } else {
@@ -743,8 +878,10 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
       }
     } else {
       for (; c + static_cast<int64_t>(kN) <= real_end; c += kN) {
-        StoreGrad<kDT>(GradVec<kScaled>(LoadZ<kDT, kScaled>(src + c, vtau), lane_of(c), rg),
-                       dst + c, stream);
+        bool may_nan;
+        const VF g =
+            GradVec<kScaled, kEntropy>(LoadZ<kDT, kScaled>(src + c, vtau), lane_of(c), rg, may_nan);
+        StoreGrad<kDT>(g, dst + c, stream, may_nan);
       }
     }
     partial_range(c, real_end);
@@ -756,18 +893,26 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   if (job.stream_stores) hwy::FlushStream();
 }
 
-void BackwardRows(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
+template <DType kDT>
+void BackwardRowsDT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   const bool scaled = job.temperature != 1.0f;
+  if (job.grad_entropy != nullptr) {
+    scaled ? BackwardRowsT<kDT, true, true>(job, row_begin, row_end)
+           : BackwardRowsT<kDT, false, true>(job, row_begin, row_end);
+  } else {
+    scaled ? BackwardRowsT<kDT, true, false>(job, row_begin, row_end)
+           : BackwardRowsT<kDT, false, false>(job, row_begin, row_end);
+  }
+}
+
+void BackwardRows(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   switch (job.dtype) {
     case DType::fp32:
-      return scaled ? BackwardRowsT<DType::fp32, true>(job, row_begin, row_end)
-                    : BackwardRowsT<DType::fp32, false>(job, row_begin, row_end);
+      return BackwardRowsDT<DType::fp32>(job, row_begin, row_end);
     case DType::bf16:
-      return scaled ? BackwardRowsT<DType::bf16, true>(job, row_begin, row_end)
-                    : BackwardRowsT<DType::bf16, false>(job, row_begin, row_end);
+      return BackwardRowsDT<DType::bf16>(job, row_begin, row_end);
     case DType::fp16:
-      return scaled ? BackwardRowsT<DType::fp16, true>(job, row_begin, row_end)
-                    : BackwardRowsT<DType::fp16, false>(job, row_begin, row_end);
+      return BackwardRowsDT<DType::fp16>(job, row_begin, row_end);
   }
 }
 
