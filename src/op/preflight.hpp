@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "detlogp/comm.hpp"
+#include "detlogp/contract.hpp"
 
 namespace detlogp::op {
 
@@ -22,6 +24,11 @@ struct PreflightFacts {
   int64_t local_begin = 0;  // this rank's local tile range (deterministic) or columns
   int64_t local_end = 0;
   int64_t rows = 0;  // logits rows passed by this rank
+  // The contract and targets of this call (null/empty for a rank that only reports a local
+  // error): the record carries each contract part and a digest of the active targets, so a
+  // mismatch names what differs. Both must outlive run_preflight.
+  const LogprobContract* contract = nullptr;
+  std::span<const int64_t> targets;
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.
   std::optional<std::string> local_error;

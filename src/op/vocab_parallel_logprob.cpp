@@ -217,6 +217,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
       facts.local_end = sh.local_vocab_end();
     }
     facts.rows = rows;
+    facts.contract = &c;
+    facts.targets = targets;
     facts.local_error = local_error;
     op::run_preflight(comm, facts);
   }

@@ -1,0 +1,163 @@
+#include "op/preflight_record.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "contract/contract_json.hpp"
+
+namespace detlogp::op {
+namespace {
+
+// Fixed-size text fields are NUL-padded; a longer value is cut, which can only make two
+// different long values look equal if they share their first N-1 bytes (long parts are
+// summaries with a digest well inside that limit).
+template <std::size_t N>
+void put_text(std::array<char, N>& field, const std::string& text) {
+  field.fill('\0');
+  std::memcpy(field.data(), text.data(), std::min(text.size(), N - 1));
+}
+
+template <std::size_t N>
+std::string get_text(const std::array<char, N>& field) {
+  return std::string(field.data(), strnlen(field.data(), N));
+}
+
+std::string short_sha(std::string_view bytes) { return sha256_hex(bytes).substr(0, 16); }
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finalizer: a bijection with good avalanche
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+struct Field {
+  const char* name;
+  std::string (*show)(const PreflightRecord&);
+};
+
+// Checked after the row count and the contract parts; the fingerprint last, as the catch-all
+// for a contract difference no part shows.
+const Field kAgreedFields[] = {
+    {"tile width", [](const PreflightRecord& r) { return std::to_string(r.tile_width); }},
+    {"deterministic",
+     [](const PreflightRecord& r) { return std::string(r.deterministic ? "true" : "false"); }},
+    {"entropy", [](const PreflightRecord& r) { return std::string(r.entropy ? "true" : "false"); }},
+    {"backend id", [](const PreflightRecord& r) { return get_text(r.backend_id); }},
+    {"numerics version", [](const PreflightRecord& r) { return get_text(r.numerics_version); }},
+    {"contract fingerprint", [](const PreflightRecord& r) { return get_text(r.fingerprint); }},
+};
+
+constexpr const char* kAgreeOn =
+    "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
+    "reduction, output, temperature), tile width, deterministic mode, entropy flag, backend "
+    "id, numerics version and the active targets before any collective";
+
+std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,
+                                   const std::function<std::string(const PreflightRecord&)>& show) {
+  const std::string first = show(all[0]);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const std::string other = show(all[r]);
+    if (other != first) {
+      return fmt::format("ranks disagree on the {}: rank 0 has {} {} but rank {} has {} {}; {}",
+                         name, name, first, r, name, other, kAgreeOn);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::array<std::string, kContractPartNames.size()> contract_parts(const LogprobContract& c) {
+  const MaskSpec& m = c.mask();
+  const ShardingSpec& s = c.sharding();
+  const ReductionSpec& r = c.reduction();
+  const OutputSpec& o = c.output();
+  std::string bounds;
+  for (const VocabRange& b : s.vocab_shard_bounds())
+    bounds += fmt::format("{},{};", b.start, b.end);
+  return {
+      std::string(to_string(c.role())),
+      std::string(to_string(c.dtype())),
+      fmt::format("(num_tokens={} active={} ignore_index={} sha256={})", m.num_tokens(),
+                  m.active_token_count(), m.ignore_index(), m.active_mask_sha256().substr(0, 16)),
+      fmt::format("(tp_world_size={} cp_world_size={} real_vocab_size={} padded_vocab_size={} "
+                  "bounds sha256={})",
+                  s.tp_world_size(), s.cp_world_size(), s.real_vocab_size(), s.padded_vocab_size(),
+                  short_sha(bounds)),
+      fmt::format("({}/{}/{}/{}/{}/{}/{}/{})", to_string(r.merge()), to_string(r.merge_axis()),
+                  to_string(r.acc_dtype()), to_string(r.order()), to_string(r.transport()),
+                  to_string(r.downcast_at()), to_string(r.engine()),
+                  to_string(r.determinism_scope())),
+      fmt::format("({}/{}/{} export_lse={})", to_string(o.selected_logp_dtype()),
+                  to_string(o.lse_dtype()), to_string(o.tp_placement()), c.export_lse()),
+      python_float_repr(static_cast<double>(c.temperature())),
+  };
+}
+
+std::string targets_digest(std::span<const int64_t> targets, const std::vector<bool>& active) {
+  // Two independent sums of mixed (row, target) pairs: order-sensitive through the row index,
+  // and the loop has no carried dependency other than the sums.
+  uint64_t a = 0, b = 0;
+  const std::size_t n = std::min(targets.size(), active.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!active[i]) continue;
+    const uint64_t t = static_cast<uint64_t>(targets[i]);
+    a += mix64(t ^ mix64(i + 0x9e3779b97f4a7c15ULL));
+    b += mix64(t + mix64(i ^ 0xd1b54a32d192ed03ULL) * 3);
+  }
+  return fmt::format("{:016x}{:016x}", a, b);
+}
+
+PreflightRecord encode_record(const PreflightFacts& f) {
+  PreflightRecord r{};
+  put_text(r.fingerprint, f.fingerprint);
+  put_text(r.backend_id, f.backend_id);
+  put_text(r.numerics_version, f.numerics_version);
+  for (auto& part : r.parts) part.fill('\0');
+  if (f.contract != nullptr) {
+    const auto parts = contract_parts(*f.contract);
+    for (std::size_t i = 0; i < parts.size(); ++i) put_text(r.parts[i], parts[i]);
+    put_text(r.targets_digest, targets_digest(f.targets, f.contract->mask().active_mask()));
+    r.has_contract = 1;
+  }
+  r.tile_width = f.tile_width;
+  r.local_begin = f.local_begin;
+  r.local_end = f.local_end;
+  r.rows = f.rows;
+  r.deterministic = f.deterministic ? 1 : 0;
+  r.entropy = f.entropy ? 1 : 0;
+  r.local_ok = f.local_error ? 0 : 1;
+  put_text(r.local_error, f.local_error.value_or(""));
+  return r;
+}
+
+std::optional<std::string> first_disagreement(std::span<const PreflightRecord> all) {
+  if (all.size() < 2) return std::nullopt;
+  if (auto d = compare("row count", all,
+                       [](const PreflightRecord& r) { return std::to_string(r.rows); })) {
+    return d;
+  }
+  for (std::size_t p = 0; p < kContractPartNames.size(); ++p) {
+    if (auto d = compare(kContractPartNames[p], all,
+                         [p](const PreflightRecord& r) { return get_text(r.parts[p]); })) {
+      return d;
+    }
+  }
+  for (const Field& field : kAgreedFields) {
+    if (auto d = compare(field.name, all, field.show)) return d;
+  }
+  if (auto d = compare("targets", all, [](const PreflightRecord& r) {
+        return "digest " + get_text(r.targets_digest) + " (active rows)";
+      })) {
+    return d;
+  }
+  return std::nullopt;
+}
+
+}  // namespace detlogp::op

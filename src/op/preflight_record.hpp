@@ -1,0 +1,58 @@
+#pragma once
+// The preflight's fixed-size wire record and its comparison. Besides the contract fingerprint
+// the record carries each part of the contract separately (a short value or digest per part)
+// and a digest of the active targets, so that a mismatch names the part that differs and
+// shows both ranks' values instead of two opaque fingerprints. It stays one fixed-size
+// all-gather: every field has a fixed width.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "op/preflight.hpp"
+
+namespace detlogp::op {
+
+// The contract parts compared one by one, in the order a mismatch is looked for.
+inline constexpr std::array<const char*, 7> kContractPartNames = {
+    "role", "dtype", "mask", "sharding", "reduction", "output", "temperature"};
+
+inline constexpr std::size_t kPartBytes = 168;  // one part's value text, NUL-padded
+
+struct PreflightRecord {
+  std::array<char, 72> fingerprint;
+  std::array<char, 128> backend_id;
+  std::array<char, 48> numerics_version;
+  std::array<std::array<char, kPartBytes>, kContractPartNames.size()> parts;
+  std::array<char, 40> targets_digest;
+  int64_t tile_width;
+  int64_t local_begin;
+  int64_t local_end;
+  int64_t rows;
+  uint8_t deterministic;
+  uint8_t entropy;
+  uint8_t local_ok;
+  uint8_t has_contract;  // 0 for a rank that only reports its local error
+  std::array<char, 508> local_error;
+};
+static_assert(std::is_trivially_copyable_v<PreflightRecord>);
+
+// The per-part values of a contract, in kContractPartNames order. Short values appear as
+// they are (dtype, temperature, ...); long ones as a summary plus a SHA-256 prefix.
+std::array<std::string, kContractPartNames.size()> contract_parts(const LogprobContract& c);
+
+// A 128-bit digest (32 hex digits) of the targets of the active rows, in row order (inactive
+// rows may hold anything, so they do not count). Cheap: one pass, no allocation.
+std::string targets_digest(std::span<const int64_t> targets, const std::vector<bool>& active);
+
+PreflightRecord encode_record(const PreflightFacts& facts);
+
+// The first disagreement between the records (all ranks' records, in rank order) as the
+// text after "cross-rank preflight failed: ", or nullopt when they agree. Every rank calls it
+// on the same records and so gets the same text. Local errors are not looked at here.
+std::optional<std::string> first_disagreement(std::span<const PreflightRecord> all);
+
+}  // namespace detlogp::op

@@ -1,0 +1,162 @@
+// The preflight names the part of the call that differs between ranks (row count, each
+// contract part, tile width, targets), with both ranks' values, on every rank; and the record
+// stays one fixed size whatever the call.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "op/preflight_record.hpp"
+#include "op_test_util.hpp"
+
+namespace detlogp::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kReal = 1000, kPadded = 1024, kRows = 6;
+const Layout kLayout{kReal, kPadded, {{0, 512}, {512, 1024}}};
+
+VocabParallelLogprob op() { return VocabParallelLogprob(simd_kernels(), "test-canonical"); }
+
+std::vector<int64_t> targets() { return {3, 17, 990, 512, 0, 700}; }
+
+// Runs `body` on two in-process ranks; returns each rank's exception message ("" if none).
+std::vector<std::string> messages(const std::function<void(Communicator&)>& body) {
+  std::vector<std::string> errors(2);
+  auto fut = std::async(std::launch::async, [&] {
+    InProcessGroup group(2, {.collective_timeout = std::chrono::seconds(30)});
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          body(group.comm(r));
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  });
+  EXPECT_EQ(fut.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "hang";
+  return errors;
+}
+
+// A forward whose contract options, row count and targets may differ per rank.
+void forward(Communicator& comm, ContractOptions o, int64_t rows, std::vector<int64_t> tg,
+             Layout layout = kLayout) {
+  const FullLogits logits = make_logits(o.dtype, rows, kReal, kPadded, 7);
+  tg.resize(static_cast<std::size_t>(rows));
+  auto c = make_contract(layout, comm.rank(), rows, o);
+  auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
+  op().forward(logits.shard(b.start, b.end), tg, c, comm);
+}
+
+void expect_named(const std::vector<std::string>& errors, const std::string& part,
+                  const std::string& value0, const std::string& value1) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_THAT(errors[r],
+                HasSubstr("cross-rank preflight failed: ranks disagree on the " + part + ":"))
+        << "rank " << r;
+    EXPECT_THAT(errors[r], HasSubstr("rank 0 has " + part + " " + value0)) << "rank " << r;
+    EXPECT_THAT(errors[r], HasSubstr("rank 1 has " + part + " " + value1)) << "rank " << r;
+  }
+  EXPECT_EQ(errors[0], errors[1]) << "every rank reports the same disagreement";
+}
+
+TEST(PreflightRecord, NamesTheMask) {
+  expect_named(messages([](Communicator& comm) {
+                 ContractOptions o{.active = {true, comm.rank() == 0, true, true, true, true}};
+                 forward(comm, o, kRows, targets());
+               }),
+               "mask", "(num_tokens=6 active=6", "(num_tokens=6 active=5");
+}
+
+TEST(PreflightRecord, NamesTheSharding) {
+  expect_named(messages([](Communicator& comm) {
+                 const Layout l{comm.rank() == 0 ? kReal : kReal - 1, kPadded, kLayout.bounds};
+                 forward(comm, {}, kRows, targets(), l);
+               }),
+               "sharding", "(tp_world_size=2 cp_world_size=1 real_vocab_size=1000",
+               "(tp_world_size=2 cp_world_size=1 real_vocab_size=999");
+}
+
+TEST(PreflightRecord, NamesTheReduction) {
+  expect_named(messages([](Communicator& comm) {
+                 ContractOptions o{.scope = comm.rank() == 0 ? DeterminismScope::cross_tp_bitwise
+                                                             : DeterminismScope::fixed_topology};
+                 forward(comm, o, kRows, targets());
+               }),
+               "reduction", "(max_sumexp/", "(max_sumexp/");
+  // (the differing field shows in the values: cross_tp_bitwise vs fixed_topology)
+}
+
+TEST(PreflightRecord, NamesTheTemperature) {
+  expect_named(messages([](Communicator& comm) {
+                 forward(comm, {.temperature = comm.rank() == 0 ? 1.0f : 0.5f}, kRows, targets());
+               }),
+               "temperature", "1.0", "0.5");
+}
+
+TEST(PreflightRecord, NamesTheDtype) {
+  expect_named(messages([](Communicator& comm) {
+                 forward(comm, {.dtype = comm.rank() == 0 ? DType::fp32 : DType::bf16}, kRows,
+                         targets());
+               }),
+               "dtype", "fp32", "bf16");
+}
+
+TEST(PreflightRecord, NamesTheTileWidth) {
+  expect_named(messages([](Communicator& comm) {
+                 forward(comm, {.tile_width = comm.rank() == 0 ? 64 : 128}, kRows, targets());
+               }),
+               "tile width", "64", "128");
+}
+
+TEST(PreflightRecord, NamesTheRowCount) {
+  expect_named(messages([](Communicator& comm) {
+                 forward(comm, {}, comm.rank() == 0 ? kRows : kRows - 1, targets());
+               }),
+               "row count", "6", "5");
+}
+
+TEST(PreflightRecord, NamesTheTargets) {
+  const auto errors = messages([](Communicator& comm) {
+    auto tg = targets();
+    if (comm.rank() == 1) tg[2] = 998;
+    forward(comm, {}, kRows, tg);
+  });
+  expect_named(errors, "targets", "digest ", "digest ");
+  EXPECT_THAT(errors[0], HasSubstr("(active rows)"));
+}
+
+TEST(PreflightRecord, InactiveTargetsDoNotCount) {
+  const auto errors = messages([](Communicator& comm) {
+    auto tg = targets();
+    if (comm.rank() == 1) tg[1] = -100;  // row 1 is inactive on both ranks
+    forward(comm, {.active = {true, false, true, true, true, true}}, kRows, tg);
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(PreflightRecord, TargetsDigestSeesValueAndPosition) {
+  const std::vector<bool> all(4, true);
+  const std::vector<int64_t> a{1, 2, 3, 4}, swapped{2, 1, 3, 4}, changed{1, 2, 3, 5};
+  const std::string d = op::targets_digest(a, all);
+  EXPECT_EQ(d.size(), 32u);
+  EXPECT_EQ(d, op::targets_digest(a, all));
+  EXPECT_NE(d, op::targets_digest(swapped, all));
+  EXPECT_NE(d, op::targets_digest(changed, all));
+  EXPECT_NE(d, op::targets_digest(a, {true, true, true, false}));
+}
+
+TEST(PreflightRecord, FixedSize) {
+  // One record per rank whatever the contract: the preflight is one fixed-size all-gather.
+  EXPECT_EQ(op::preflight_record_bytes(), static_cast<int64_t>(sizeof(op::PreflightRecord)));
+  EXPECT_LT(op::preflight_record_bytes(), 4096);
+}
+
+}  // namespace
+}  // namespace detlogp::testing
