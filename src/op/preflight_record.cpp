@@ -44,9 +44,9 @@ struct Field {
 // Checked after the row count and the contract parts; the fingerprint last, as the catch-all
 // for a contract difference no part shows.
 const Field kAgreedFields[] = {
-    {"tile width", [](const PreflightRecord& r) { return std::to_string(r.tile_width); }},
-    {"deterministic",
+    {"deterministic mode",
      [](const PreflightRecord& r) { return std::string(r.deterministic ? "true" : "false"); }},
+    {"tile width", [](const PreflightRecord& r) { return std::to_string(r.tile_width); }},
     {"entropy", [](const PreflightRecord& r) { return std::string(r.entropy ? "true" : "false"); }},
     {"backend id", [](const PreflightRecord& r) { return get_text(r.backend_id); }},
     {"numerics version", [](const PreflightRecord& r) { return get_text(r.numerics_version); }},
@@ -55,7 +55,7 @@ const Field kAgreedFields[] = {
 
 constexpr const char* kAgreeOn =
     "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
-    "reduction, output, temperature), tile width, deterministic mode, entropy flag, backend "
+    "reduction, output, temperature), deterministic mode, tile width, entropy flag, backend "
     "id, numerics version and the active targets before any collective";
 
 std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,

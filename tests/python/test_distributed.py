@@ -123,9 +123,9 @@ def test_tp2_subgroups_bitwise_equal_to_tp1(world4, dtype):
 
 @pytest.mark.parametrize("scenario,phrase", [
     # tile_width is part of the contract, so the fingerprints already differ
-    ("mismatch_tile_width", "cross-rank preflight failed: rank 0 has contract fingerprint"),
+    ("mismatch_tile_width", "cross-rank preflight failed: ranks disagree on the tile width: rank 0 has tile width"),
     ("mismatch_tile_width_validate_off", "cross-rank preflight failed"),
-    ("mixed_deterministic", "cross-rank preflight failed: rank 0 has deterministic false"),
+    ("mixed_deterministic", "cross-rank preflight failed: ranks disagree on the deterministic mode: rank 0 has deterministic mode false"),
     ("wrong_group_size", "tp_world_size=2"),
 ])
 def test_preflight_mismatch_raises_on_every_rank(world4, scenario, phrase):
