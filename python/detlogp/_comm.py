@@ -5,6 +5,11 @@ an all-gather of equal-size byte buffers and a barrier. ``TorchDistributedComm``
 collectives call back into Python (taking the GIL) and run ``torch.distributed.all_gather``
 over uint8 tensors of the given process group (gloo on CPU), and ``dist.barrier(group)``.
 The buffers are wrapped, not copied (``torch.frombuffer``); a collective only moves bytes.
+
+Where the bytes travel follows the group's backend: a gloo (or MPI) group all-gathers CPU
+tensors; any other backend (NCCL, ...) cannot, so the (small: a few bytes per token) buffers
+are copied to a tensor on the group's device (the current CUDA device for NCCL), gathered
+there and copied back.
 """
 
 from . import _detlogp
@@ -20,15 +25,42 @@ def _dist():
     return dist
 
 
+# Backends whose collectives take CPU tensors.
+_CPU_BACKENDS = ("gloo", "mpi")
+# The device type of a backend that needs device tensors (anything else: cuda).
+_DEVICE_OF_BACKEND = {"nccl": "cuda", "ucc": "cuda", "xccl": "xpu", "hccl": "npu"}
+
+
+def transport_device(backend):
+    """The torch device the collectives of a group with this backend name run on: ``None``
+    for CPU tensors (gloo, mpi), else the backend's device (NCCL: the current CUDA device,
+    the one the trainer bound with ``torch.cuda.set_device``). A composite backend string
+    ("cpu:gloo,cuda:nccl") that includes a CPU backend for CPU tensors uses it."""
+    import torch
+
+    name = str(backend).lower()
+    parts = [p.split(":")[-1] for p in name.split(",")]
+    if any(p in _CPU_BACKENDS for p in parts):
+        return None
+    device_type = _DEVICE_OF_BACKEND.get(parts[0], "cuda")
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
 class _Callbacks:
     """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
-    two bound methods)."""
+    two bound methods). ``device``: None for CPU tensors, else where the bytes travel."""
 
-    def __init__(self, group, size):
+    def __init__(self, group, size, device=None):
         self.group = group
         self.size = size
+        self.device = device
 
     def all_gather(self, send_view, recv_view, in_place):
+        if self.device is not None:
+            self._all_gather_on_device(send_view, recv_view)
+            return
         import torch
 
         dist = _dist()
@@ -47,15 +79,35 @@ class _Callbacks:
         dist.all_gather(outs, send, group=self.group)
         del outs, recv, send
 
+    def _all_gather_on_device(self, send_view, recv_view):
+        """The same gather through device tensors (backends without CPU collectives)."""
+        import torch
+
+        dist = _dist()
+        n = len(send_view)
+        m = max(n, 1)  # zero bytes still synchronise: gather one dummy byte
+        send = torch.zeros(m, dtype=torch.uint8, device=self.device)
+        if n:
+            send.copy_(torch.frombuffer(send_view, dtype=torch.uint8))
+        recv = torch.empty(m * self.size, dtype=torch.uint8, device=self.device)
+        # A list of views into one tensor: NCCL and gloo both take it (gloo of torch 1.13 has
+        # no all_gather_into_tensor), so the device path is exercised by the CPU tests too.
+        dist.all_gather(list(recv.split(m)), send, group=self.group)
+        if n:
+            torch.frombuffer(recv_view, dtype=torch.uint8).copy_(recv)  # synchronizes
+        del send, recv
+
     def barrier(self):
         _dist().barrier(group=self.group)
 
 
-def TorchDistributedComm(group=None):  # noqa: N802 - reads as a class at call sites
+def TorchDistributedComm(group=None, device="auto"):  # noqa: N802 - reads as a class
     """A detlogp Communicator over a torch.distributed process group.
 
     ``group=None`` means the default (world) group. The process group must be initialized
     (``torch.distributed.init_process_group``) and this process must be a member of it.
+    ``device``: where the gathered bytes travel; "auto" follows the backend
+    (``transport_device``), None forces CPU tensors, a torch.device forces device tensors.
     """
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
@@ -69,7 +121,7 @@ def TorchDistributedComm(group=None):  # noqa: N802 - reads as a class at call s
         raise LogprobContractError("this process is not a member of the given process group")
     size = dist.get_world_size(group)
     backend = dist.get_backend(group)
-    cb = _Callbacks(group, size)
+    cb = _Callbacks(group, size, transport_device(backend) if device == "auto" else device)
     return _detlogp.CallbackComm(rank, size, f"torch.distributed:{backend}", cb.all_gather,
                                  cb.barrier)
 

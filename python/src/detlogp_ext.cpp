@@ -42,6 +42,7 @@
 #include "detlogp/operator.hpp"
 #include "detlogp/registry.hpp"
 #include "detlogp/version.hpp"
+#include "functional_bindings.hpp"
 
 #ifdef DETLOGP_HAVE_CUDA
 #include "detlogp/cuda.hpp"
@@ -676,4 +677,5 @@ PYBIND11_MODULE(_detlogp, m) {
   m.attr("CUDA_CANONICAL_BACKEND_ID") = py::none();
 #endif
   m.def("cuda_backend_status", &cuda_backend_status);
+  detlogp::python::bind_functional(m);
 }

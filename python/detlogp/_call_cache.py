@@ -1,0 +1,149 @@
+"""What the functional API keeps between calls, so a steady training loop builds nothing twice.
+
+- Contracts, keyed by everything that goes into them (shape, dtype, sharding, temperature,
+  tile width, scope, ignore_index and the mask bytes): a micro-batch with the mask of an
+  earlier one reuses its contract; an all-active mask needs no bytes in the key.
+- Dispatch results, keyed by the contract minus its mask (and whether every token is active,
+  the one mask property a capability looks at).
+- Communicators, one per process group.
+- Gradient buffers: backward writes the gradient of the logits (tokens x vocab shard, hundreds
+  of MB) into a buffer; a fresh one costs a page fault per 4 KiB page on first touch (the
+  kernel zeroes every page), about as much as the backward itself. The pool hands out a
+  buffer again once nothing refers to it any more (no tensor, view or autograd node uses its
+  memory: its owner's reference count says so), which is how the gradient of the previous
+  micro-batch comes back once the trainer has consumed it.
+
+All of it lives in a ``CallCache`` (thread-safe, bounded); the functional API uses one shared
+instance unless given another. ``clear()`` drops everything (e.g. after registering backends).
+"""
+
+import collections
+import sys
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from . import _detlogp
+from ._comm import Communicator, TorchDistributedComm
+from ._contract import LogprobContract, MaskSpec
+from ._op import get_logprob_op
+
+
+class _Lru:
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.items = collections.OrderedDict()
+
+    def get(self, key):
+        value = self.items.get(key)
+        if value is not None:
+            self.items.move_to_end(key)
+        return value
+
+    def put(self, key, value):
+        self.items[key] = value
+        self.items.move_to_end(key)
+        while len(self.items) > self.capacity:
+            self.items.popitem(last=False)
+
+
+class CallCache:
+    """Contracts, dispatch results, communicators and gradient buffers of the functional API.
+
+    ``contracts``: how many contracts to keep (LRU); ``grad_buffers``: how many gradient
+    buffers to keep for reuse (0 disables the pool); ``min_pooled_bytes``: smaller gradients
+    are allocated fresh (they cost little).
+    """
+
+    def __init__(self, contracts=256, grad_buffers=4, min_pooled_bytes=1 << 20):
+        self._lock = threading.Lock()
+        self._contracts = _Lru(contracts)
+        self._ops = _Lru(64)
+        self._comms = weakref.WeakKeyDictionary()
+        self._comm_by_id = {}
+        self._grad_capacity = grad_buffers
+        self._min_pooled = min_pooled_bytes
+        self._grads = []  # owners (NumPy byte arrays) of pooled gradient buffers
+        self.stats = collections.Counter()  # contract_hits/misses, grad_reuses/allocs
+
+    def clear(self):
+        with self._lock:
+            self._contracts = _Lru(self._contracts.capacity)
+            self._ops = _Lru(64)
+            self._comms = weakref.WeakKeyDictionary()
+            self._comm_by_id = {}
+            self._grads = []
+            self.stats.clear()
+
+    # --- communicators -------------------------------------------------------------------
+    def communicator(self, group):
+        """The detlogp Communicator of a process group (None: a single rank)."""
+        if group is None or isinstance(group, Communicator):
+            return group
+        with self._lock:
+            try:
+                comm = self._comms.get(group)
+            except TypeError:  # not weak-referenceable: keep it by identity
+                comm = self._comm_by_id.get(id(group), (None, None))[1]
+        if comm is None:
+            comm = TorchDistributedComm(group)
+            with self._lock:
+                try:
+                    self._comms[group] = comm
+                except TypeError:
+                    self._comm_by_id[id(group)] = (group, comm)
+        return comm
+
+    # --- contracts and dispatch ----------------------------------------------------------
+    def contract(self, key, active, ignore_index, make_sharding, dtype, temperature, tile_width,
+                 reduction):
+        """The contract of ``key`` (built on a miss from the uint8 ``active`` mask and
+        ``make_sharding()``)."""
+        with self._lock:
+            found = self._contracts.get(key)
+        if found is not None:
+            self.stats["contract_hits"] += 1
+            return found
+        self.stats["contract_misses"] += 1
+        mask = MaskSpec._from_cpp(_detlogp.mask_spec_from_bytes(active, ignore_index))
+        contract = LogprobContract(role="train", dtype=dtype, mask=mask, sharding=make_sharding(),
+                                   reduction=reduction, tile_width=tile_width,
+                                   temperature=temperature)
+        with self._lock:
+            self._contracts.put(key, contract)
+        return contract
+
+    def op(self, key, contract, platform):
+        with self._lock:
+            found = self._ops.get(key)
+        if found is None:
+            found = get_logprob_op(contract, "auto", platform=platform)
+            with self._lock:
+                self._ops.put(key, found)
+        return found
+
+    # --- gradient buffers ----------------------------------------------------------------
+    def grad_buffer(self, rows, cols, dtype, device):
+        """An uninitialized contiguous [rows, cols] tensor for backward to fill."""
+        nbytes = rows * cols * torch.empty((), dtype=dtype).element_size()
+        if device.type != "cpu" or self._grad_capacity == 0 or nbytes < self._min_pooled:
+            return torch.empty((rows, cols), dtype=dtype, device=device)
+        with self._lock:
+            for i, owner in enumerate(self._grads):
+                # References: the pool's list, `owner`, getrefcount's argument. Any tensor over
+                # this memory holds one more.
+                if owner.nbytes == nbytes and sys.getrefcount(owner) == 3:
+                    self._grads.append(self._grads.pop(i))
+                    self.stats["grad_reuses"] += 1
+                    return torch.frombuffer(owner, dtype=dtype).view(rows, cols)
+            owner = np.empty(nbytes, dtype=np.uint8)
+            self._grads.append(owner)
+            if len(self._grads) > self._grad_capacity:
+                self._grads.pop(0)  # forgotten by the pool; freed with its last tensor
+            self.stats["grad_allocs"] += 1
+        return torch.frombuffer(owner, dtype=dtype).view(rows, cols)
+
+
+DEFAULT_CACHE = CallCache()

@@ -1,0 +1,318 @@
+"""detlogp.torch: the functional torch API, shaped like the calls trainers already make.
+
+    from detlogp.torch import vocab_parallel_logprobs
+    logp = vocab_parallel_logprobs(logits[:, :-1], input_ids[:, 1:], group=tp_group)
+    logp, entropy = vocab_parallel_logprobs(logits, targets, loss_mask=mask, entropy=True)
+
+Any leading dims, any dtype detlogp supports (taken from the tensor), TP rank and size from
+the process group, shard bounds from the local width (Megatron's equal shards) unless given,
+the mask from ``loss_mask`` (bool, int or float) and/or ``targets == ignore_index``. The
+contract is built internally and cached (docs/python.md). Drop-ins with the signatures of
+Megatron's ``vocab_parallel_cross_entropy`` and verl's ``logprobs_from_logits`` sit on top.
+
+This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolute imports).
+"""
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from detlogp import _detlogp
+from detlogp._call_cache import DEFAULT_CACHE, CallCache
+from detlogp._checks import check_bool, check_int
+from detlogp._contract import ReductionSpec, ShardingSpec
+from detlogp._detlogp import LogprobContractError
+from detlogp._layout import cover_of, cover_view, from_rows, to_rows
+from detlogp._op import _platform_of
+
+__all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
+           "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE"]
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_REDUCTIONS = {True: ReductionSpec(), False: ReductionSpec(determinism_scope="fixed_topology")}
+_NO_IGNORE = -100  # the MaskSpec's ignore_index when the caller gives none
+
+
+class _Prepared:
+    """Everything one call needs, built before any collective."""
+
+    __slots__ = ("view", "targets", "contract", "dispatch", "cover", "comm", "threads",
+                 "deterministic", "cache", "dtype", "device")
+
+    def run(self, entropy):
+        return self.dispatch.op.forward(self.view, self.targets, contract=self.contract,
+                                        group=self.comm, deterministic=self.deterministic,
+                                        entropy=entropy, threads=self.threads)
+
+
+def _bounds(vocab_start, cols, tp, rank):
+    """(bounds, padded): Megatron's equal shards of ``cols`` columns unless given."""
+    if vocab_start is None or not isinstance(vocab_start, (list, tuple)):
+        if vocab_start is not None:
+            start = check_int(vocab_start, "vocab_start", "non-negative")
+            if start != rank * cols:
+                raise LogprobContractError(
+                    f"vocab_start={start} does not match equal shards of {cols} columns (rank "
+                    f"{rank} starts at {rank * cols}); for unequal shards pass vocab_start as "
+                    "the full table [(start, end), ...] of every rank")
+        return tuple((k * cols, (k + 1) * cols) for k in range(tp)), cols * tp
+    bounds = tuple((check_int(s, "vocab_start bound"), check_int(e, "vocab_start bound"))
+                   for s, e in vocab_start)
+    if len(bounds) != tp:
+        raise LogprobContractError(
+            f"vocab_start lists {len(bounds)} shards but the group has {tp} ranks")
+    return bounds, bounds[-1][1]
+
+
+def _int_targets(targets, lead_shape):
+    if not isinstance(targets, torch.Tensor):
+        targets = torch.as_tensor(np.asarray(targets))
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or \
+            targets.dtype == torch.bool:
+        raise LogprobContractError(f"targets must hold integers; got dtype {targets.dtype}")
+    if tuple(targets.shape) != lead_shape:
+        raise LogprobContractError(
+            f"targets must have the logits' leading shape {lead_shape}; got "
+            f"{tuple(targets.shape)}")
+    return targets.detach().reshape(-1).to(device="cpu", dtype=torch.int64)
+
+
+def _active(flat_targets, loss_mask, ignore_index, lead_shape):
+    """The per-token active mask (bool, CPU): loss_mask != 0 and targets != ignore_index."""
+    active = None
+    if ignore_index is not None:
+        active = flat_targets != check_int(ignore_index, "ignore_index")
+    if loss_mask is not None:
+        if not isinstance(loss_mask, torch.Tensor):
+            loss_mask = torch.as_tensor(np.asarray(loss_mask))
+        if tuple(loss_mask.shape) != lead_shape:
+            raise LogprobContractError(
+                f"loss_mask must have the targets' shape {lead_shape}; got "
+                f"{tuple(loss_mask.shape)}")
+        lm = loss_mask.detach().reshape(-1).cpu()
+        lm = lm if lm.dtype == torch.bool else lm != 0
+        active = lm if active is None else active & lm
+    if active is None:
+        active = torch.ones(flat_targets.shape, dtype=torch.bool)
+    return active
+
+
+def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
+             temperature, deterministic, vocab_start, threads, tile_width):
+    if not isinstance(logits, torch.Tensor):
+        raise LogprobContractError(f"logits must be a torch.Tensor; got {type(logits).__name__}")
+    platform = _platform_of(logits, "logits")
+    if logits.layout != torch.strided:
+        raise LogprobContractError(f"logits must be a strided tensor; got {logits.layout}")
+    dtype = _DTYPES.get(logits.dtype)
+    if dtype is None:
+        raise LogprobContractError(
+            f"logits dtype {logits.dtype} is not supported; expected torch.bfloat16, "
+            "torch.float16 or torch.float32")
+    if logits.dim() < 1:
+        raise LogprobContractError("logits must have a vocab dimension [..., local_vocab]")
+    check_bool(deterministic, "deterministic")
+    lead_shape, cols = tuple(logits.shape[:-1]), logits.shape[-1]
+    flat_targets = _int_targets(targets, lead_shape)
+    if flat_targets.numel() == 0:
+        raise LogprobContractError(f"logits of shape {tuple(logits.shape)} hold no tokens")
+    active = _active(flat_targets, loss_mask, ignore_index, lead_shape)
+
+    # Not contiguous in the vocab dim (a transpose): only then are the logits copied.
+    cover = cover_of(tuple(logits.shape), logits.stride(),
+                     copy=cols > 1 and logits.stride(-1) != 1)
+    ign = _NO_IGNORE if ignore_index is None else ignore_index
+    row_targets = to_rows(flat_targets, cover, ign)
+    row_active = to_rows(active, cover, False)
+
+    tp, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
+    bounds, padded = _bounds(vocab_start, cols, tp, rank)
+    real = padded if real_vocab is None else check_int(real_vocab, "real_vocab", "positive")
+    if tile_width is not None:
+        tile_width = check_int(tile_width, "tile_width", "positive")
+    temperature = float(temperature)
+    all_active = bool(row_active.all())
+    mask_key = None if all_active else row_active.numpy().tobytes()
+    base_key = (dtype, cover.rows, tp, rank, bounds, real, padded, temperature, tile_width,
+                deterministic, ign)
+    contract = cache.contract(
+        base_key + (mask_key,), row_active.numpy().view(np.uint8), ign,
+        lambda: ShardingSpec(tp_rank=rank, tp_world_size=tp, vocab_shard_bounds=list(bounds),
+                             real_vocab_size=real, padded_vocab_size=padded),
+        dtype, temperature,
+        tile_width, _REDUCTIONS[deterministic])
+    dispatch = cache.op(base_key + (all_active, platform), contract, platform)
+
+    p = _Prepared()
+    p.view = cover_view(logits, cover)
+    p.targets = row_targets.numpy()
+    p.contract, p.dispatch, p.cover, p.comm, p.cache = contract, dispatch, cover, comm, cache
+    p.threads = torch.get_num_threads() if threads is None else check_int(
+        threads, "threads", "non-negative")
+    p.deterministic = deterministic
+    p.dtype, p.device = logits.dtype, logits.device
+    return p
+
+
+def _fail_peers(comm, error):
+    """This rank failed before the collective: the other ranks of its group are (or soon will
+    be) waiting in the preflight. Join it with the error, so that every rank raises
+    "cross-rank preflight failed: rank R failed local validation: <type>: <message>" at once
+    instead of waiting for a timeout. The caller then re-raises the original exception."""
+    if comm is None or comm.size < 2:
+        return
+    try:
+        _detlogp.fail_preflight(comm, f"{type(error).__name__}: {error}")
+    except Exception:  # noqa: BLE001 - it always raises; the original error is what counts
+        pass
+
+
+def _outputs(fwd, cover, entropy):
+    logp = from_rows(fwd.logp, cover)
+    if not entropy:
+        return (logp,)
+    return logp, from_rows(fwd.entropy, cover)
+
+
+def _row_grad(g, cover):
+    if g is None:
+        return None
+    return to_rows(g.detach().reshape(-1).to(device="cpu", dtype=torch.float32), cover, 0.0)
+
+
+class _LogprobsFunction(torch.autograd.Function):
+    """logits [..., V_local] -> logp [...] (, entropy [...]); backward: the C++ backward into
+    a (pooled) gradient buffer, returned as a view with the logits' shape."""
+
+    @staticmethod
+    def forward(ctx, logits, prep, entropy, entropy_grad):
+        fwd = prep.run(entropy)
+        outputs = _outputs(fwd, prep.cover, entropy)
+        fwd.logp = fwd.lse = fwd.entropy = None  # ctx keeps what backward needs, not outputs
+        ctx.fwd, ctx.prep = fwd, prep
+        ctx.save_for_backward(logits)  # keeps it alive; detects in-place changes
+        ctx.set_materialize_grads(False)
+        if entropy and not entropy_grad:
+            ctx.mark_non_differentiable(outputs[1])
+        return outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logp, grad_entropy=None):
+        ctx.saved_tensors  # raises if the logits were modified in place since forward
+        prep = ctx.prep
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None
+        c = prep.cover
+        out = prep.cache.grad_buffer(c.rows, c.cols, prep.dtype, prep.device)
+        ctx.fwd.backward(_row_grad(grad_logp, c), None, _row_grad(grad_entropy, c), out=out)
+        grad = out.as_strided(c.lead_shape + (c.cols,), c.grad_strides)
+        return grad, None, None, None
+
+
+def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, loss_mask=None,
+                            ignore_index=-100, temperature=1.0, entropy=False,
+                            deterministic=True, vocab_start=None, threads=None,
+                            tile_width=None, entropy_grad=True, return_contract=False,
+                            cache=None):
+    """Selected-token log-probabilities over a vocab-sharded (TP) vocabulary, bit-for-bit the
+    same at every TP degree, with autograd.
+
+    ``logits``: this rank's shard [..., local_vocab] (bf16, fp16 or fp32; CPU or CUDA), any
+    leading dims, any view whose rows are a fixed stride apart (a column slice, the causal
+    shift ``logits[:, :-1]``, Megatron's [seq, batch, v/tp]): read in place, never copied.
+    ``targets``: integers with the leading shape. ``group``: the TP process group (None: one
+    rank holding the whole vocabulary). ``real_vocab``: the real vocabulary size (default: all
+    ``local_vocab * tp`` columns; columns at or beyond it are padding and never count).
+    ``loss_mask`` (bool/int/float, the leading shape; nonzero = scored) and ``ignore_index``
+    (targets equal to it are not scored; None: no such rule) give the mask: unscored tokens
+    get logp exactly +0.0. ``vocab_start``: this rank's first column (checked against equal
+    shards) or the full table [(start, end), ...]; default: equal shards. ``threads``: kernel
+    threads (default ``torch.get_num_threads()``; the bits never depend on it).
+    ``entropy_grad=False`` returns the entropy without a gradient (non-differentiable).
+
+    Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
+    and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
+    """
+    cache = DEFAULT_CACHE if cache is None else cache
+    comm = cache.communicator(group)
+    try:
+        check_bool(entropy, "entropy")
+        check_bool(entropy_grad, "entropy_grad")
+        check_bool(return_contract, "return_contract")
+        prep = _prepare(logits, targets, comm, cache, real_vocab=real_vocab,
+                        loss_mask=loss_mask, ignore_index=ignore_index,
+                        temperature=temperature, deterministic=deterministic,
+                        vocab_start=vocab_start, threads=threads, tile_width=tile_width)
+    except Exception as error:
+        _fail_peers(comm, error)
+        raise
+    if logits.requires_grad and torch.is_grad_enabled():
+        outputs = _LogprobsFunction.apply(logits, prep, entropy, entropy_grad)
+        if not isinstance(outputs, tuple):
+            outputs = (outputs,)
+    else:
+        outputs = _outputs(prep.run(entropy), prep.cover, entropy)
+    if return_contract:
+        outputs = tuple(outputs) + (prep.contract,)
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+# --- drop-ins ----------------------------------------------------------------------------
+
+
+def _megatron_tp_group():
+    """Megatron's tensor-parallel group when megatron.core is importable and initialized."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return None
+    try:
+        if parallel_state.model_parallel_is_initialized():
+            return parallel_state.get_tensor_model_parallel_group()
+    except Exception:  # noqa: BLE001 - an uninitialized Megatron: a single rank
+        return None
+    return None
+
+
+def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=0.0, *,
+                                 group=None, real_vocab=None, ignore_index=-100, threads=None):
+    """Megatron's ``tensor_parallel.vocab_parallel_cross_entropy``: per-token loss ``-logp``
+    (fp32, the shape of ``target``) of ``vocab_parallel_logits`` [s, b, v/tp], deterministic.
+
+    ``group``: the TP group (default: Megatron's tensor-model-parallel group when megatron is
+    initialized, else a single rank). Differences: ``label_smoothing`` must be 0; targets
+    equal to ``ignore_index`` get loss 0 (Megatron gives them a meaningless value).
+    """
+    if label_smoothing != 0.0:
+        raise LogprobContractError(
+            f"label_smoothing={label_smoothing} is not supported: detlogp computes the "
+            "selected-token logprob only; pass label_smoothing=0.0")
+    if group is None:
+        group = _megatron_tp_group()
+    logp = vocab_parallel_logprobs(vocab_parallel_logits, target, group=group,
+                                   real_vocab=real_vocab, ignore_index=ignore_index,
+                                   threads=threads)
+    return -logp
+
+
+def vocab_parallel_log_probs_from_logits(logits, labels, *, group=None, real_vocab=None,
+                                         ignore_index=-100, threads=None):
+    """verl's Megatron helper of the same name: ``-vocab_parallel_cross_entropy``."""
+    if group is None:
+        group = _megatron_tp_group()
+    return vocab_parallel_logprobs(logits, labels, group=group, real_vocab=real_vocab,
+                                   ignore_index=ignore_index, threads=threads)
+
+
+def logprobs_from_logits(logits, labels, inplace_backward=True, *, real_vocab=None,
+                         ignore_index=-100, threads=None):
+    """verl's ``logprobs_from_logits``: log-probabilities of ``labels`` under ``logits``
+    [..., vocab] (one rank, the whole vocabulary), fp32, the shape of ``labels``.
+
+    ``inplace_backward`` is accepted for the signature: detlogp never writes into the logits;
+    its gradient goes into a pooled buffer (docs/python.md).
+    """
+    check_bool(inplace_backward, "inplace_backward")
+    return vocab_parallel_logprobs(logits, labels, real_vocab=real_vocab,
+                                   ignore_index=ignore_index, threads=threads)
