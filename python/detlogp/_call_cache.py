@@ -131,11 +131,12 @@ class CallCache:
         if device.type != "cpu" or self._grad_capacity == 0 or nbytes < self._min_pooled:
             return torch.empty((rows, cols), dtype=dtype, device=device)
         with self._lock:
-            for i, owner in enumerate(self._grads):
-                # References: the pool's list, `owner`, getrefcount's argument. Any tensor over
-                # this memory holds one more.
-                if owner.nbytes == nbytes and sys.getrefcount(owner) == 3:
-                    self._grads.append(self._grads.pop(i))
+            for i in range(len(self._grads)):
+                # References when free: the pool's list and getrefcount's argument (no local
+                # name may hold it during the count). Any tensor over this memory holds one more.
+                if self._grads[i].nbytes == nbytes and sys.getrefcount(self._grads[i]) == 2:
+                    owner = self._grads.pop(i)
+                    self._grads.append(owner)
                     self.stats["grad_reuses"] += 1
                     return torch.frombuffer(owner, dtype=dtype).view(rows, cols)
             owner = np.empty(nbytes, dtype=np.uint8)
