@@ -295,3 +295,13 @@ def test_nccl_group_gathers_device_tensors(monkeypatch):
     assert calls[0] == "nccl" and calls[1] == ("all_gather", "cpu", 2)
     assert got == bytes([1, 2, 3, 2, 3, 4])
     assert comm.name == "torch.distributed:nccl"
+
+
+def test_mask_spec_from_bool_arrays_equals_the_list_form():
+    keep = np.random.default_rng(3).random(1000) > 0.4
+    ref = detlogp.MaskSpec(1000, keep.tolist(), ignore_index=-7)
+    for form in (keep, torch.from_numpy(keep), keep[::-1].copy()[::-1]):
+        m = detlogp.MaskSpec(1000, form, ignore_index=-7)
+        assert m == ref and m.active_mask_sha256 == ref.active_mask_sha256
+    with pytest.raises(detlogp.LogprobContractError, match="one entry per token"):
+        detlogp.MaskSpec(999, keep)
