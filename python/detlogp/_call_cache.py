@@ -57,7 +57,7 @@ class CallCache:
     are allocated fresh (they cost little).
     """
 
-    def __init__(self, contracts=256, grad_buffers=4, min_pooled_bytes=1 << 20):
+    def __init__(self, contracts=256, grad_buffers=2, min_pooled_bytes=1 << 20):
         self._lock = threading.Lock()
         self._contracts = _Lru(contracts)
         self._ops = _Lru(64)

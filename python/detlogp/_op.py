@@ -220,12 +220,17 @@ class LogprobForward:
 
     def backward(self, grad_logp=None, grad_lse=None, grad_entropy=None, out=None):
         """Gradient of this rank's logits shard for the given per-token output gradients
-        (None: not supplied). Returns a new array/tensor of the logits' shape and dtype (or
-        writes into ``out``, which must have that shape and dtype). No collective."""
+        (None: not supplied). Returns a new array/tensor of the logits' shape and dtype (a
+        torch tensor may reuse the memory of an earlier gradient that nothing refers to any
+        more), or writes into ``out``, which must have that shape and dtype. No collective."""
         x = self._logits
         if out is None:
             if self._torch_out:
-                out = _torch().empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+                # A pooled buffer where one is free (no page faults on first touch), else a
+                # fresh one (detlogp/_call_cache.py).
+                from ._call_cache import DEFAULT_CACHE
+
+                out = DEFAULT_CACHE.grad_buffer(x.shape[0], x.shape[1], x.dtype, x.device)
             else:
                 out = np.empty(x.shape, dtype=x.dtype)
         if _is_tensor(out):
