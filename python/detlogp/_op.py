@@ -256,17 +256,37 @@ class LogprobForward:
 
 
 def _fail_with_group(group, error):
-    """A rank whose inputs failed the Python-side checks joins the preflight the other ranks of
-    its group are waiting in, so that every rank raises instead of waiting for this one. Raises
-    ``error``'s message as LogprobContractError; returns only without a usable multi-rank group."""
+    """A rank whose call failed before the collective (a Python-side check, or any other
+    exception while preparing) joins the preflight the other ranks of its group are waiting
+    in, so that every rank raises instead of waiting for this one: they raise "cross-rank
+    preflight failed: rank R failed local validation: <message>" (the message is prefixed with
+    the exception type unless it is a LogprobContractError). Returns; the caller re-raises."""
     if group is None:
         return
     try:
         comm = group if isinstance(group, _detlogp.Communicator) else TorchDistributedComm(group)
     except Exception:  # no usable group: nobody can be waiting in it
         return
-    if comm.size > 1:
-        _detlogp.fail_preflight(comm, str(error))
+    if comm.size < 2:
+        return
+    message = str(error) if isinstance(error, LogprobContractError) else \
+        f"{type(error).__name__}: {error}"
+    try:
+        _detlogp.fail_preflight(comm, message)
+    except LogprobContractError:  # it always raises; the original error is what counts
+        pass
+
+
+def _threads(threads, x):
+    """The kernels' thread count: ``None`` means torch's (``torch.get_num_threads()``) for
+    torch input and 0 (all hardware threads) for NumPy input."""
+    if threads is None:
+        return _torch().get_num_threads() if _is_tensor(x) else 0
+    threads = check_int(threads, "threads", "non-negative")
+    if not 0 <= threads <= 4096:
+        raise LogprobContractError(
+            f"threads must be 0 (all hardware threads) or a count up to 4096; got {threads}")
+    return threads
 
 
 def _check_call(contract, deterministic, validate, entropy):
@@ -353,23 +373,22 @@ class LogprobOp:
         return f"LogprobOp(backend_id={self.backend_id!r}, kernels={self.kernel_name!r})"
 
     def forward(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
-                validate=True, entropy=False, threads=0):
+                validate=True, entropy=False, threads=None):
         """One forward without autograd: a ``LogprobForward`` (outputs + explicit backward).
 
-        ``threads``: CPU threads of the kernels (0: all); the bits never depend on it.
+        ``threads``: CPU threads of the kernels, forward and backward (0: all; None: torch's
+        ``torch.get_num_threads()`` for torch input, all for NumPy); the bits never depend on
+        it.
         """
         try:
             _check_call(contract, deterministic, validate, entropy)
-            threads = check_int(threads, "threads", "non-negative")
-            if not 0 <= threads <= 4096:
-                raise LogprobContractError(
-                    f"threads must be 0 (all hardware threads) or a count up to 4096; got {threads}")
+            threads = _threads(threads, local_logits)
             comm = communicator_for(group, contract.sharding.tp_world_size)
             address, dtype, rows, cols, row_stride = _logits_view(local_logits)
             targets = _targets(target_ids)
             platform = _platform_of(local_logits)
             cpp, backend_id = self._op_for(platform, contract)
-        except LogprobContractError as error:
+        except Exception as error:
             _fail_with_group(group, error)
             raise
         with _on_device(local_logits):
@@ -381,13 +400,14 @@ class LogprobOp:
         return LogprobForward(handle, local_logits, platform, backend_id)
 
     def __call__(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
-                 validate=True, entropy=False):
+                 validate=True, entropy=False, threads=None):
         """``(logp, lse)`` or ``(logp, lse, entropy)``, fp32 [tokens], replicated on every TP
         rank. Torch input gives torch tensors attached to autograd when the logits require
         grad (gradients in the logits dtype); NumPy input gives NumPy arrays."""
         try:
             _check_call(contract, deterministic, validate, entropy)
-        except LogprobContractError as error:
+            threads = _threads(threads, local_logits)
+        except Exception as error:
             _fail_with_group(group, error)
             raise
         torch = _torch() if _is_tensor(local_logits) else None
@@ -396,21 +416,22 @@ class LogprobOp:
             def run(logits):
                 return self.forward(logits, target_ids, contract=contract, group=group,
                                     deterministic=deterministic, validate=validate,
-                                    entropy=entropy)
+                                    entropy=entropy, threads=threads)
 
             return _function().apply(local_logits, run)
         logits = local_logits.detach() if torch is not None else local_logits
         return self.forward(logits, target_ids, contract=contract, group=group,
                             deterministic=deterministic, validate=validate,
-                            entropy=entropy).outputs()
+                            entropy=entropy, threads=threads).outputs()
 
     # The seed's names.
     apply = __call__
 
     def apply_with_entropy(self, local_logits, target_ids, *, contract, group=None,
-                           deterministic=True, validate=True):
+                           deterministic=True, validate=True, threads=None):
         return self(local_logits, target_ids, contract=contract, group=group,
-                    deterministic=deterministic, validate=validate, entropy=True)
+                    deterministic=deterministic, validate=validate, entropy=True,
+                    threads=threads)
 
 
 class LogprobDispatchResult:

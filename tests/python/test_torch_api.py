@@ -212,6 +212,14 @@ def test_threads_default_and_bits(spy):
     assert spy[-1]["threads"] == 3
     with pytest.raises(detlogp.LogprobContractError, match="threads"):
         dt.vocab_parallel_logprobs(x, ids, threads=-1)
+    # The contract API: torch's thread count by default, on the autograd path too.
+    c = dt.vocab_parallel_logprobs(x, ids, return_contract=True)[-1]
+    op = detlogp.get_logprob_op(c).op
+    op(x.reshape(-1, V), ids.reshape(-1), contract=c)
+    assert spy[-1]["threads"] == torch.get_num_threads()
+    leaf = x.reshape(-1, V).clone().requires_grad_()
+    op(leaf, ids.reshape(-1), contract=c, threads=2)[0].sum().backward()
+    assert spy[-1]["threads"] == 2
 
 
 def test_gradient_buffers_are_reused_once_free():

@@ -109,6 +109,7 @@ def test_mismatch_names_the_part_on_every_rank(ranks, part):
 @pytest.mark.parametrize("case,bad_rank,own", [
     ("meta tensor on rank 2", 2, "LogprobContractError: logits must be a CPU or CUDA tensor"),
     ("ValueError on rank 1", 1, "ValueError: boom on rank 1"),
+    ("contract API TypeError on rank 3", 3, "TypeError: bad targets on rank 3"),
 ])
 def test_an_exception_on_one_rank_fails_every_rank_fast(ranks, case, bad_rank, own):
     for rank, res in enumerate(ranks):
