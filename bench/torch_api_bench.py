@@ -2,7 +2,8 @@
 """detlogp.torch benchmark for docs/benchmarks.md ("The functional torch API").
 
 For TP=1 and TP=2 (gloo, spawned ranks, --threads per rank), bf16 and fp32, --rows tokens of
-Qwen3's vocabulary (real 151936, Megatron-padded): median seconds of
+Qwen3's vocabulary (real 151936, Megatron-padded): the minimum (and, as <name>_median, the
+median) seconds over --reps rounds that alternate the cases being compared, of
   op_fwd        the contract API (prebuilt contract, op.forward): the C++ operator
   fn_fwd        detlogp.torch.vocab_parallel_logprobs on the same 2-D logits, no grad
   fn_fwd_shift  the same on the causal shift logits[:, :-1] of [2, rows/2 + 1, V] (in place)
@@ -34,20 +35,30 @@ import torch.multiprocessing as mp
 REAL = 151936
 
 
-def median_seconds(fn, reps, setup=None, sync=None):
-    if setup:
-        setup()
-    fn()
-    times = []
-    for _ in range(reps):
-        if setup:
-            setup()
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def interleaved(cases, reps, sync=None):
+    """Times every case once per round, rounds alternating the cases, so that load drifting
+    on a shared machine hits every case alike. ``cases``: name -> fn or (fn, setup); setup is
+    untimed. Returns name -> (min, median) seconds after one warm-up round."""
+    times = {name: [] for name in cases}
+    for round_ in range(reps + 1):
+        for name, case in cases.items():
+            fn, setup = case if isinstance(case, tuple) else (case, None)
+            if setup:
+                setup()
+            if sync:
+                sync()
+            t0 = time.perf_counter()
+            fn()
+            t = time.perf_counter() - t0
+            if round_:
+                times[name].append(t)
+    return {name: (min(ts), statistics.median(ts)) for name, ts in times.items()}
+
+
+def record(r, timings):
+    for name, (best, med) in timings.items():
+        r[name] = best
+        r[name + "_median"] = med
 
 
 class MegatronCrossEntropy(torch.autograd.Function):
@@ -124,27 +135,20 @@ def bench_rank(rank, tp, args, init_file, out_file):
         r = {"tp": tp, "dtype": dtype_name, "rows": n, "threads_per_rank": args.threads,
              "kernel": op.kernel_name}
         tnp = targets.numpy()
-        r["op_fwd"] = median_seconds(
-            lambda: op.forward(x, tnp, contract=contract, group=comm, threads=args.threads),
-            args.reps, sync=sync)
-        r["fn_fwd"] = median_seconds(
-            lambda: dt.vocab_parallel_logprobs(x, targets, group=group, real_vocab=REAL),
-            args.reps, sync=sync)
         half = n // 2
         x3 = (torch.randn(2, half + 1, e - s, generator=g) * 3).to(dtype)
         t3 = torch.randint(0, REAL, (2, half + 1), generator=g)
-        r["fn_fwd_shift"] = median_seconds(
-            lambda: dt.vocab_parallel_logprobs(x3[:, :-1], t3[:, 1:], group=group,
-                                               real_vocab=REAL), args.reps, sync=sync)
+        record(r, interleaved({
+            "op_fwd": lambda: op.forward(x, tnp, contract=contract, group=comm,
+                                         threads=args.threads),
+            "fn_fwd": lambda: dt.vocab_parallel_logprobs(x, targets, group=group,
+                                                         real_vocab=REAL),
+            "fn_fwd_shift": lambda: dt.vocab_parallel_logprobs(x3[:, :-1], t3[:, 1:],
+                                                               group=group, real_vocab=REAL),
+        }, args.reps, sync))
         del x3
         f = op.forward(x, tnp, contract=contract, group=comm, threads=args.threads)
-        r["bwd_fresh"] = median_seconds(
-            lambda: f.backward(grad_logp=gl, out=torch.empty_like(x)), args.reps, sync=sync)
         buf = torch.empty_like(x)
-        r["bwd_reused"] = median_seconds(lambda: f.backward(grad_logp=gl, out=buf), args.reps,
-                                         sync=sync)
-        r["bwd_pooled"] = median_seconds(lambda: f.backward(grad_logp=gl), args.reps, sync=sync)
-        del f, buf
         leaf = x.clone().requires_grad_()
         state = {}
 
@@ -153,24 +157,32 @@ def bench_rank(rank, tp, args, init_file, out_file):
             state["logp"] = dt.vocab_parallel_logprobs(leaf, targets, group=group,
                                                        real_vocab=REAL)
 
-        r["fn_bwd"] = median_seconds(lambda: state["logp"].backward(gl), args.reps,
-                                     setup=fn_forward, sync=sync)
+        record(r, interleaved({
+            "bwd_fresh": lambda: f.backward(grad_logp=gl, out=torch.empty_like(x)),
+            "bwd_reused": lambda: f.backward(grad_logp=gl, out=buf),
+            "bwd_pooled": lambda: f.backward(grad_logp=gl),
+            "fn_bwd": (lambda: state["logp"].backward(gl), fn_forward),
+        }, args.reps, sync))
         state.clear()
+        del f, buf
 
         def fn_step():
             leaf.grad = None
             dt.vocab_parallel_logprobs(leaf, targets, group=group, real_vocab=REAL).backward(gl)
 
-        r["fn_fwd_bwd"] = median_seconds(fn_step, args.reps, sync=sync)
+        t2 = targets.clone()
+
+        def meg_step():
+            leaf.grad = None
+            MegatronCrossEntropy.apply(leaf, t2, group).backward(gl)
+
+        cases = {"fn_fwd_bwd": fn_step}
         if not args.skip_megatron:
-            t2 = targets.clone()
-
-            def meg_step():
-                leaf.grad = None
-                MegatronCrossEntropy.apply(leaf, t2, group).backward(gl)
-
-            r["megatron"] = median_seconds(meg_step, args.reps, sync=sync)
+            cases["megatron"] = meg_step
+        record(r, interleaved(cases, args.reps, sync))
+        if not args.skip_megatron:
             r["speedup_vs_megatron"] = r["megatron"] / r["fn_fwd_bwd"]
+        leaf.grad = None
         del leaf
         r["fn_fwd_over_op"] = r["fn_fwd"] / r["op_fwd"]
         r["fn_fwd_shift_over_op"] = r["fn_fwd_shift"] / r["op_fwd"]
@@ -200,15 +212,18 @@ def bench_rank(rank, tp, args, init_file, out_file):
     tnp = targets.numpy()
     reps = max(args.reps, 50)
     o = {"tp": tp, "overhead_rows": n, "overhead_cols": v}
-    o["op_fwd"] = median_seconds(lambda: op.forward(x, tnp, contract=c, group=comm,
-                                                    threads=args.threads), reps, sync=sync)
-    o["fn_fwd"] = median_seconds(lambda: dt.vocab_parallel_logprobs(x, targets, group=group),
-                                 reps, sync=sync)
-    o["overhead_ms"] = 1e3 * (o["fn_fwd"] - o["op_fwd"])
-    o["contract_from_list_ms"] = 1e3 * median_seconds(build_contract, reps)
     keep_t = torch.tensor(keep)
-    o["mask_spec_from_bool_tensor_ms"] = 1e3 * median_seconds(
-        lambda: detlogp.MaskSpec(n, keep_t), reps)
+    record(o, interleaved({
+        "op_fwd": lambda: op.forward(x, tnp, contract=c, group=comm, threads=args.threads),
+        "fn_fwd": lambda: dt.vocab_parallel_logprobs(x, targets, group=group),
+        "op_fwd_new_contract": lambda: op.forward(x, tnp, contract=build_contract(),
+                                                  group=comm, threads=args.threads),
+    }, reps, sync))
+    o["overhead_ms"] = 1e3 * (o["fn_fwd"] - o["op_fwd"])
+    o["overhead_ms_median"] = 1e3 * (o["fn_fwd_median"] - o["op_fwd_median"])
+    record(o, interleaved({"contract_from_list": build_contract,
+                           "mask_spec_from_bool_tensor": lambda: detlogp.MaskSpec(n, keep_t)},
+                          reps))
     lines.append(o)
     if tp > 1:
         dist.barrier()
