@@ -103,10 +103,9 @@ class CallCache:
         ``make_sharding()``)."""
         with self._lock:
             found = self._contracts.get(key)
+            self.stats["contract_hits" if found is not None else "contract_misses"] += 1
         if found is not None:
-            self.stats["contract_hits"] += 1
             return found
-        self.stats["contract_misses"] += 1
         mask = MaskSpec._from_cpp(_detlogp.mask_spec_from_bytes(active, ignore_index))
         contract = LogprobContract(role="train", dtype=dtype, mask=mask, sharding=make_sharding(),
                                    reduction=reduction, tile_width=tile_width,
