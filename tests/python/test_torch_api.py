@@ -313,3 +313,22 @@ def test_mask_spec_from_bool_arrays_equals_the_list_form():
         assert m == ref and m.active_mask_sha256 == ref.active_mask_sha256
     with pytest.raises(detlogp.LogprobContractError, match="one entry per token"):
         detlogp.MaskSpec(999, keep)
+
+
+def test_one_token_and_many_leading_dims(spy):
+    x = torch.randn(V)
+    logp = dt.vocab_parallel_logprobs(x, torch.tensor(5))
+    assert logp.shape == ()
+    (rlogp, _), _ = reference(x[None], torch.tensor([5]), [True], entropy=False)
+    assert_bitwise(logp.reshape(1), rlogp)
+    x4 = torch.randn(2, 3, 4, V)
+    t4 = torch.randint(0, REAL, (2, 3, 4))
+    leaf = x4.clone().requires_grad_()
+    got = dt.vocab_parallel_logprobs(leaf[:, :, :-1], t4[:, :, :-1],
+                                     loss_mask=np.ones((2, 3, 3), dtype=np.int8))
+    assert spy[-1]["ptr"] == leaf.data_ptr()
+    got.sum().backward()
+    (rlogp, _), rgrad = reference(x4[:, :, :-1].reshape(-1, V), t4[:, :, :-1], [True] * 18,
+                                  entropy=False, grad_weights=(torch.ones(18),))
+    assert_bitwise(got.reshape(-1), rlogp)
+    assert_bitwise(leaf.grad[:, :, :-1].reshape(-1, V), rgrad)
