@@ -16,8 +16,11 @@ median) seconds over --reps rounds that alternate the cases being compared, of
   megatron      forward + backward of a faithful PyTorch re-implementation of Megatron's
                 vocab_parallel_cross_entropy (fp32 logits, all-reduce max / sum, its backward)
 and at --overhead-rows tokens x 1024 columns the per-call overhead of the functional API over
-op.forward (same inputs), with the contract cached, and the cost of building a contract per
-call the old way (MaskSpec from a Python list). One JSON object per line on stdout.
+op.forward (same inputs), with the contract cached: as the difference of the two calls and as
+the time of the functional API's own preparation alone (fn_prepare: targets, mask, cover,
+cached contract and dispatch; no collective, so no gloo jitter), the cost of building a
+contract per call the old way (MaskSpec from a Python list), and the cache's counters
+(contract hits, gradient buffer reuses). One JSON object per line on stdout.
 """
 
 import argparse
@@ -225,14 +228,25 @@ def bench_rank(rank, tp, args, init_file, out_file):
     reps = max(args.reps, 50)
     o = {"tp": tp, "overhead_rows": n, "overhead_cols": v}
     keep_t = torch.tensor(keep)
+    cache = dt.DEFAULT_CACHE
+    fn_comm = cache.communicator(group)
+
+    def prepare():  # what the functional API adds before the operator runs
+        return dt._prepare(x, targets, fn_comm, cache, real_vocab=None, loss_mask=None,
+                           ignore_index=-100, temperature=1.0, deterministic=True,
+                           vocab_start=None, threads=args.threads, tile_width=None)
+
     record(o, interleaved({
         "op_fwd": lambda: op.forward(x, tnp, contract=c, group=comm, threads=args.threads),
         "fn_fwd": lambda: dt.vocab_parallel_logprobs(x, targets, group=group),
+        "fn_prepare": prepare,
         "op_fwd_new_contract": lambda: op.forward(x, tnp, contract=build_contract(),
                                                   group=comm, threads=args.threads),
     }, reps, sync))
     o["overhead_ms"] = 1e3 * (o["fn_fwd"] - o["op_fwd"])
     o["overhead_ms_median"] = 1e3 * (o["fn_fwd_median"] - o["op_fwd_median"])
+    o["fn_prepare_ms"] = 1e3 * o["fn_prepare"]
+    o["cache_stats"] = dict(dt.DEFAULT_CACHE.stats)
     record(o, interleaved({"contract_from_list": build_contract,
                            "mask_spec_from_bool_tensor": lambda: detlogp.MaskSpec(n, keep_t)},
                           reps))
