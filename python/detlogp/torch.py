@@ -20,10 +20,10 @@ from torch.autograd.function import once_differentiable
 from detlogp import _detlogp
 from detlogp._call_cache import DEFAULT_CACHE, CallCache
 from detlogp._checks import check_bool, check_int
-from detlogp._contract import ReductionSpec, ShardingSpec
+from detlogp._contract import ReductionSpec, ShardingSpec, _temperature
 from detlogp._detlogp import LogprobContractError
 from detlogp._layout import cover_of, cover_view, from_rows, to_rows
-from detlogp._op import _platform_of
+from detlogp._op import _platform_of, _threads
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
            "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE"]
@@ -130,7 +130,7 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     real = padded if real_vocab is None else check_int(real_vocab, "real_vocab", "positive")
     if tile_width is not None:
         tile_width = check_int(tile_width, "tile_width", "positive")
-    temperature = float(temperature)
+    temperature = _temperature(temperature)
     all_active = bool(row_active.all())
     mask_key = None if all_active else row_active.numpy().tobytes()
     base_key = (dtype, cover.rows, tp, rank, bounds, real, padded, temperature, tile_width,
@@ -139,16 +139,14 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
         base_key + (mask_key,), row_active.numpy().view(np.uint8), ign,
         lambda: ShardingSpec(tp_rank=rank, tp_world_size=tp, vocab_shard_bounds=list(bounds),
                              real_vocab_size=real, padded_vocab_size=padded),
-        dtype, temperature,
-        tile_width, _REDUCTIONS[deterministic])
+        dtype, temperature, tile_width, _REDUCTIONS[deterministic])
     dispatch = cache.op(base_key + (all_active, platform), contract, platform)
 
     p = _Prepared()
     p.view = cover_view(logits, cover)
     p.targets = row_targets.numpy()
     p.contract, p.dispatch, p.cover, p.comm, p.cache = contract, dispatch, cover, comm, cache
-    p.threads = torch.get_num_threads() if threads is None else check_int(
-        threads, "threads", "non-negative")
+    p.threads = _threads(threads, logits)
     p.deterministic = deterministic
     p.dtype, p.device = logits.dtype, logits.device
     return p
