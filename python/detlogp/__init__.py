@@ -5,6 +5,11 @@
     op, provenance = detlogp.get_logprob_op(contract)
     logp, lse = op(local_logits, target_ids, contract=contract, group=tp_group)
 
+or, with the contract built and cached internally, on N-D logits and a loss mask:
+
+    from detlogp.torch import vocab_parallel_logprobs
+    logp = vocab_parallel_logprobs(logits[:, :-1], input_ids[:, 1:], group=tp_group)
+
 See docs/python.md. The contract types keep the seed's class and field names
 (shared/reference/seed-semantics.md section 1); every validation failure raises
 ``LogprobContractError`` (a ValueError).
