@@ -29,6 +29,10 @@ struct ForwardOptions {
   // The cross-rank preflight runs whenever tp_world_size > 1, whatever this says.
   bool validate = true;
   bool entropy = false;  // also compute the entropy of softmax(z) over the real vocabulary
+  // With entropy: whether backward may differentiate through it. false makes the entropy a
+  // constant (a logged metric): forward keeps no copy of it for backward, and backward rejects
+  // a grad_entropy with ContractError instead of silently dropping it. Changes no bits.
+  bool entropy_grad = true;
   ExecOptions exec = {};
 };
 

@@ -228,6 +228,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   saved->producer = SavedForward::Producer::vocab_parallel;
   saved->kernels = &kernels_;
   saved->has_entropy = opt.entropy;
+  saved->entropy_grad = opt.entropy && opt.entropy_grad;
   saved->exec = opt.exec;
   saved->active.resize(static_cast<std::size_t>(rows));
   saved->target_local.assign(static_cast<std::size_t>(rows), -1);
@@ -353,7 +354,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     }
   }
   saved->lse = out.lse;
-  saved->entropy = out.entropy;
+  if (saved->entropy_grad) saved->entropy = out.entropy;  // backward's only use of it
   out.saved = std::move(saved);
   return out;
 }
@@ -386,6 +387,11 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
     throw ContractError(
         "grad_entropy was given but forward ran with entropy=false; run forward "
         "with entropy=true");
+  }
+  if (!g.grad_entropy.empty() && !s.entropy_grad) {
+    throw ContractError(
+        "grad_entropy was given but forward ran with entropy_grad=false (the entropy is a "
+        "constant for backward); run forward with entropy_grad=true to differentiate it");
   }
   if (grad.rows != rows || grad.cols != s.logits.cols || grad.dtype != s.logits.dtype ||
       grad.row_stride < grad.cols || (rows > 0 && grad.data == nullptr)) {
