@@ -23,9 +23,9 @@ int64_t partial_floats(bool entropy) { return entropy ? 3 : 2; }
 
 std::string dtype_name(DType d) { return std::string(to_string(d)); }
 
-// Section 4.1 step 4 (the invocation checks) and step 6 (targets), as ContractError.
-void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
-                      const LogprobContract& c, const Communicator& comm, bool validate) {
+// The inputs' shapes and dtype against the contract (the part of step 4 before the transport).
+void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targets,
+                        const LogprobContract& c) {
   const ShardingSpec& sh = c.sharding();
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr)) {
     throw ContractError(fmt::format(
@@ -57,6 +57,14 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
     throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
                                     dtype_name(logits.dtype), dtype_name(c.dtype())));
   }
+}
+
+// Section 4.1 step 4 (the invocation checks) and step 6 (targets), as ContractError: the
+// inputs' shapes and dtype (check_input_shapes), then the transport, then the targets.
+void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
+                      const LogprobContract& c, const Communicator& comm, bool validate) {
+  check_input_shapes(logits, targets, c);
+  const ShardingSpec& sh = c.sharding();
   if (comm.size() != sh.tp_world_size()) {
     throw ContractError(fmt::format(
         "the communicator has {} ranks but the contract declares tp_world_size={}; pass the TP "
@@ -147,6 +155,12 @@ canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
 }
 
 }  // namespace
+
+void check_forward_inputs(const LogitsView& local_logits, std::span<const int64_t> targets,
+                          const LogprobContract& contract, const ForwardOptions& options) {
+  check_mode(contract, options.deterministic);
+  check_input_shapes(local_logits, targets, contract);
+}
 
 void fail_preflight(Communicator& comm, const std::string& message) {
   if (comm.size() > 1) {
