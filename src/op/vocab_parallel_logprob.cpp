@@ -59,8 +59,8 @@ void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targe
   }
 }
 
-// Section 4.1 step 4 (the invocation checks) and step 6 (targets), as ContractError: the
-// inputs' shapes and dtype (check_input_shapes), then the transport, then the targets.
+// The invocation checks, as ContractError: the inputs' shapes and dtype (check_input_shapes),
+// then the transport, then the active targets against the real vocabulary.
 void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
                       const LogprobContract& c, const Communicator& comm, bool validate) {
   check_input_shapes(logits, targets, c);

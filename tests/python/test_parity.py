@@ -139,7 +139,7 @@ def test_entropy_without_gradient_same_bits_no_grad_and_rejected_grad():
     (logp_a.sum() + 0.5 * lse_a.sum()).backward()
     (logp_b.sum() + 0.5 * lse_b.sum() + ent_b.sum()).backward()
     assert_bitwise(xa.grad, xb.grad, "grad")
-    # The seed's spelling.
+    # The apply_with_entropy spelling.
     xc = x.clone().requires_grad_(True)
     *_, ent_c = op.apply_with_entropy(xc, t, contract=c, with_entropy_grad=False)
     assert not ent_c.requires_grad

@@ -36,7 +36,7 @@ def tp1(real, padded, all_active=True):
     return detlogp.LogprobContract(role="train", dtype="fp32", mask=mask, sharding=sh)
 
 
-def ws1_cap(backend_id, kind):
+def single_shard_cap(backend_id, kind):
     return LogprobBackendCapability(backend_id=backend_id, roles=ROLES, dtypes=DTYPES,
                                     tp_world_sizes=(1,), mask_modes=("ignore_index",),
                                     determinism_scopes=("fixed_topology",),
@@ -63,10 +63,10 @@ def dispatch_error(reg, c, req="auto"):
 # --- the C++ registry tests, one for one -------------------------------------------------------
 
 
-def test_ws1_only_rejects_tp2_contract_with_every_reason():
+def test_single_shard_only_rejects_tp2_contract_with_every_reason():
     r = Registry()
-    r.register_logprob_backend(reference_backend("WS1_A", "ws1-a"),
-                               ws1_cap("ws1-a", "production"))
+    r.register_logprob_backend(reference_backend("SINGLE_A", "single-a"),
+                               single_shard_cap("single-a", "production"))
     msg = dispatch_error(r, qwen_tp2())
     assert "TP=2 is unsupported" in msg
     assert "vocab-domain LSE export is unsupported" in msg
@@ -79,10 +79,10 @@ def test_ws1_only_rejects_tp2_contract_with_every_reason():
     assert "padded-vs-real vocab masking is unsupported" in msg1
 
 
-def test_reference_policy_skips_ws1_with_fallback_and_reasons():
+def test_reference_policy_skips_single_shard_with_fallback_and_reasons():
     r = Registry()
-    r.register_logprob_backend(reference_backend("WS1_REF", "ws1-ref"),
-                               ws1_cap("ws1-ref", "reference"))
+    r.register_logprob_backend(reference_backend("SINGLE_REF", "single-ref"),
+                               single_shard_cap("single-ref", "reference"))
     r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
                                full_cap("vp-ref", "reference"))
     d = r.get_logprob_op(qwen_tp2(), "reference")
@@ -172,7 +172,7 @@ def test_request_validation():
 def test_registration_replaces_scopes_per_platform_and_rejects_unknown_platforms():
     r = Registry()
     b = reference_backend("VP", "vp")
-    r.register_logprob_backend(b, ws1_cap("vp", "reference"))
+    r.register_logprob_backend(b, single_shard_cap("vp", "reference"))
     r.register_logprob_backend(b, full_cap("vp", "reference"), platform="cpu", prepend=True)
     assert r.contract_candidates("cpu") == ["VP"]
     assert r.capability("cpu", "VP").exports_vocab_lse is True
@@ -248,7 +248,7 @@ def test_builtin_backends_order_and_truthful_capabilities():
     assert (r.get_logprob_op(qwen_tp2(), detlogp.CPU_REFERENCE_BACKEND_ID).actual_backend
             == detlogp.CPU_REFERENCE_BACKEND_ID)
     assert ref.provenance["contract"]["reduction"]["determinism_scope"] == "cross_tp_bitwise"
-    # The WS1-style backend serves nothing vocab-parallel: asking for it lists its reasons.
+    # The single-shard backend serves nothing vocab-parallel: asking for it lists its reasons.
     assert ("vocab-domain LSE export is unsupported"
             in dispatch_error(r, qwen_tp2(), detlogp.CPU_BATCH_INVARIANT_BACKEND_ID))
 
