@@ -1,5 +1,6 @@
 // `detlogp drift`: the drift report of a candidate logprob file against a reference one
-// (drift.hpp), printed as text or JSON; exit 1 when the verdict is fail.
+// (detlogp/drift.hpp, the library's statistics), printed as text or JSON; exit 1 when the verdict
+// is fail.
 
 #include <fmt/format.h>
 
@@ -7,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "detlogp/drift.hpp"
 #include "detlogp/enums.hpp"
-#include "drift.hpp"
 #include "io/tensor_file.hpp"
 
 namespace detlogp::cli {

@@ -3,6 +3,7 @@
 #include "detlogp/capability.hpp"
 #include "detlogp/comm.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/drift.hpp"
 #include "detlogp/dtype.hpp"
 #include "detlogp/errors.hpp"
 #include "detlogp/kernels.hpp"

@@ -29,6 +29,10 @@ struct ForwardOptions {
   // The cross-rank preflight runs whenever tp_world_size > 1, whatever this says.
   bool validate = true;
   bool entropy = false;  // also compute the entropy of softmax(z) over the real vocabulary
+  // With entropy: whether backward may differentiate through it. false makes the entropy a
+  // constant (a logged metric): forward keeps no copy of it for backward, and backward rejects
+  // a grad_entropy with ContractError instead of silently dropping it. Changes no bits.
+  bool entropy_grad = true;
   ExecOptions exec = {};
 };
 
@@ -53,6 +57,14 @@ LogitsView saved_logits(const LogprobResult& result);
 // preflight failed: rank R failed local validation: <message>") instead of waiting for this
 // rank; then throws ContractError(message) here. With a communicator of one rank it just throws.
 [[noreturn]] void fail_preflight(Communicator& comm, const std::string& message);
+
+// The checks forward runs before it looks at the communicator, in forward's order: the mode
+// (tile alignment, or deterministic=false against cross_tp_bitwise), then the logits' and
+// targets' shapes and dtype against the contract. Throws the ContractError forward would. For
+// a language binding that cannot build a communicator (no process group): it reports these
+// problems first, as forward does, before its own transport error.
+void check_forward_inputs(const LogitsView& local_logits, std::span<const int64_t> targets,
+                          const LogprobContract& contract, const ForwardOptions& options = {});
 
 // Incoming gradients (fp32, one per token); an empty span means "not supplied".
 struct LogprobGrads {

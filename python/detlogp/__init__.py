@@ -25,6 +25,8 @@ from ._enums import (IMPLEMENTATION_KINDS, RESERVED_DISPATCH_POLICIES, Determini
                      DowncastPoint, DType, Engine, ImplementationKind, MaskMode, Merge,
                      MergeAxis, ReductionOrder, Role, TPPlacement, Transport)
 from ._op import LogprobDispatchResult, LogprobForward, LogprobOp, cuda_status, get_logprob_op
+from ._registry import Backend, Registry, get_op, register_logprob_backend
+from ._drift import drift, drift_thresholds
 
 __version__ = _detlogp.version()
 NUMERICS_VERSION = _detlogp.NUMERICS_VERSION
@@ -45,5 +47,6 @@ __all__ = [
     "even_tile_aligned_bounds", "megatron_bounds", "megatron_padded_vocab", "NUMERICS_VERSION",
     "DEFAULT_TILE_WIDTH", "CPU_CANONICAL_BACKEND_ID", "CPU_REFERENCE_BACKEND_ID",
     "CPU_BATCH_INVARIANT_BACKEND_ID", "CUDA_BUILT", "CUDA_CANONICAL_BACKEND_ID", "cuda_status",
+    "Registry", "Backend", "register_logprob_backend", "get_op", "drift", "drift_thresholds",
     "__version__",
 ]

@@ -411,6 +411,24 @@ class LogprobContract(_Frozen):
         """The message check_tile_alignment() would raise, or None."""
         return self._cpp.tile_alignment_problem()
 
+    def replace(self, **changes):
+        """A copy with some fields changed, validated again. Every constructor field may be
+        given, None included (meaning what it means to the constructor). ``tile_width`` and
+        ``num_vocab_tiles`` are two ways to say one thing: changing one drops the other."""
+        fields = dict(role=self.role, dtype=self.dtype, mask=self.mask, sharding=self.sharding,
+                      reduction=self.reduction, output=self.output, export_lse=True,
+                      tile_width=self._tile_width_arg, num_vocab_tiles=self._num_vocab_tiles,
+                      temperature=self.temperature)
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"LogprobContract has no field(s) {sorted(unknown)}")
+        if "num_vocab_tiles" in changes and "tile_width" not in changes:
+            fields["tile_width"] = None
+        if "tile_width" in changes and "num_vocab_tiles" not in changes:
+            fields["num_vocab_tiles"] = None
+        fields.update(changes)
+        return LogprobContract(**fields)
+
     def _kwargs(self):
         kwargs = dict(role=self.role, dtype=self.dtype, mask=self.mask, sharding=self.sharding,
                       reduction=self.reduction, output=self.output, export_lse=True)

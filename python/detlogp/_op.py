@@ -289,12 +289,13 @@ def _threads(threads, x):
     return threads
 
 
-def _check_call(contract, deterministic, validate, entropy):
+def _check_call(contract, deterministic, validate, entropy, entropy_grad=True):
     if not isinstance(contract, LogprobContract):
         raise LogprobContractError("contract must be a LogprobContract")
     check_bool(deterministic, "deterministic")
     check_bool(validate, "validate")
     check_bool(entropy, "entropy")
+    check_bool(entropy_grad, "entropy_grad")
 
 
 def _make_function():
@@ -305,9 +306,11 @@ def _make_function():
         """logits -> (logp, lse[, entropy]); backward: the C++ backward, in the logits dtype."""
 
         @staticmethod
-        def forward(ctx, logits, run):
+        def forward(ctx, logits, run, constant_entropy=False):
             fwd = run(logits)
             outputs = fwd.outputs()
+            if constant_entropy and len(outputs) == 3:  # entropy_grad=False: a logged metric
+                ctx.mark_non_differentiable(outputs[2])
             # ctx keeps what backward needs, not the outputs (no reference cycle through them).
             fwd.logp = fwd.lse = fwd.entropy = None
             ctx.fwd = fwd
@@ -320,9 +323,9 @@ def _make_function():
         def backward(ctx, grad_logp, grad_lse, grad_entropy=None):
             ctx.saved_tensors  # raises if the logits were modified in place since forward
             if grad_logp is None and grad_lse is None and grad_entropy is None:
-                return None, None
+                return None, None, None
             grad = ctx.fwd.backward(grad_logp, grad_lse, grad_entropy)
-            return grad, None
+            return grad, None, None
 
     return LogprobFunction
 
@@ -373,21 +376,29 @@ class LogprobOp:
         return f"LogprobOp(backend_id={self.backend_id!r}, kernels={self.kernel_name!r})"
 
     def forward(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
-                validate=True, entropy=False, threads=None):
+                validate=True, entropy=False, threads=None, entropy_grad=True):
         """One forward without autograd: a ``LogprobForward`` (outputs + explicit backward).
 
         ``threads``: CPU threads of the kernels, forward and backward (0: all; None: torch's
         ``torch.get_num_threads()`` for torch input, all for NumPy); the bits never depend on
-        it.
+        it. ``entropy_grad=False``: the entropy is a constant for backward (which then rejects
+        a ``grad_entropy``); the outputs' bits are the same.
         """
         try:
-            _check_call(contract, deterministic, validate, entropy)
+            _check_call(contract, deterministic, validate, entropy, entropy_grad)
             threads = _threads(threads, local_logits)
-            comm = communicator_for(group, contract.sharding.tp_world_size)
             address, dtype, rows, cols, row_stride = _logits_view(local_logits)
             targets = _targets(target_ids)
             platform = _platform_of(local_logits)
             cpp, backend_id = self._op_for(platform, contract)
+            try:
+                comm = communicator_for(group, contract.sharding.tp_world_size)
+            except LogprobContractError:
+                # The C++ order: contract and shape checks before the transport's.
+                _detlogp.check_forward_inputs(
+                    ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
+                    targets=targets, contract=contract._cpp, deterministic=deterministic)
+                raise
         except Exception as error:
             _fail_with_group(group, error)
             raise
@@ -396,16 +407,18 @@ class LogprobOp:
                 ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
                 owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
                 deterministic=deterministic, validate=validate, entropy=entropy,
-                threads=threads)
+                threads=threads, entropy_grad=entropy_grad)
         return LogprobForward(handle, local_logits, platform, backend_id)
 
     def __call__(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
-                 validate=True, entropy=False, threads=None):
+                 validate=True, entropy=False, entropy_grad=True, threads=None):
         """``(logp, lse)`` or ``(logp, lse, entropy)``, fp32 [tokens], replicated on every TP
         rank. Torch input gives torch tensors attached to autograd when the logits require
-        grad (gradients in the logits dtype); NumPy input gives NumPy arrays."""
+        grad (gradients in the logits dtype); NumPy input gives NumPy arrays.
+        ``entropy_grad=False``: the entropy is returned without a gradient (non-differentiable
+        in autograd)."""
         try:
-            _check_call(contract, deterministic, validate, entropy)
+            _check_call(contract, deterministic, validate, entropy, entropy_grad)
             threads = _threads(threads, local_logits)
         except Exception as error:
             _fail_with_group(group, error)
@@ -416,22 +429,25 @@ class LogprobOp:
             def run(logits):
                 return self.forward(logits, target_ids, contract=contract, group=group,
                                     deterministic=deterministic, validate=validate,
-                                    entropy=entropy, threads=threads)
+                                    entropy=entropy, entropy_grad=entropy_grad,
+                                    threads=threads)
 
-            return _function().apply(local_logits, run)
+            return _function().apply(local_logits, run, entropy and not entropy_grad)
         logits = local_logits.detach() if torch is not None else local_logits
         return self.forward(logits, target_ids, contract=contract, group=group,
                             deterministic=deterministic, validate=validate,
-                            entropy=entropy, threads=threads).outputs()
+                            entropy=entropy, entropy_grad=entropy_grad,
+                            threads=threads).outputs()
 
     # The seed's names.
     apply = __call__
 
     def apply_with_entropy(self, local_logits, target_ids, *, contract, group=None,
-                           deterministic=True, validate=True, threads=None):
+                           deterministic=True, validate=True, with_entropy_grad=True,
+                           threads=None):
         return self(local_logits, target_ids, contract=contract, group=group,
                     deterministic=deterministic, validate=validate, entropy=True,
-                    threads=threads)
+                    entropy_grad=with_entropy_grad, threads=threads)
 
 
 class LogprobDispatchResult:
@@ -448,7 +464,8 @@ class LogprobDispatchResult:
                  "backend_name", "platform", "fallback", "prior_rejections")
 
     def __init__(self, d):
-        self.op = LogprobOp(d.op, d.requested_backend, d.platform)
+        py_op = _detlogp.python_op_of(d.op)  # a Python-defined backend: its own object
+        self.op = py_op if py_op is not None else LogprobOp(d.op, d.requested_backend, d.platform)
         self.capability = LogprobBackendCapability._from_cpp(d.capability)
         self.provenance = json.loads(d.provenance_json)
         self.requested_backend = d.requested_backend

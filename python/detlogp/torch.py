@@ -39,10 +39,12 @@ class _Prepared:
     __slots__ = ("view", "targets", "contract", "dispatch", "cover", "comm", "threads",
                  "deterministic", "cache", "dtype", "device")
 
-    def run(self, entropy):
+    def run(self, entropy, entropy_grad=True):
+        # entropy_grad=False: the operator keeps no entropy for backward (a constant).
         return self.dispatch.op.forward(self.view, self.targets, contract=self.contract,
                                         group=self.comm, deterministic=self.deterministic,
-                                        entropy=entropy, threads=self.threads)
+                                        entropy=entropy, threads=self.threads,
+                                        entropy_grad=entropy_grad or not entropy)
 
 
 def _bounds(vocab_start, cols, tp, rank):
@@ -184,7 +186,7 @@ class _LogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, prep, entropy, entropy_grad):
-        fwd = prep.run(entropy)
+        fwd = prep.run(entropy, entropy_grad)
         outputs = _outputs(fwd, prep.cover, entropy)
         fwd.logp = fwd.lse = fwd.entropy = None  # ctx keeps what backward needs, not outputs
         ctx.fwd, ctx.prep = fwd, prep
@@ -250,7 +252,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
         if not isinstance(outputs, tuple):
             outputs = (outputs,)
     else:
-        outputs = _outputs(prep.run(entropy), prep.cover, entropy)
+        outputs = _outputs(prep.run(entropy, entropy_grad), prep.cover, entropy)
     if return_contract:
         outputs = tuple(outputs) + (prep.contract,)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -43,6 +43,7 @@
 #include "detlogp/registry.hpp"
 #include "detlogp/version.hpp"
 #include "functional_bindings.hpp"
+#include "python_bindings.hpp"
 
 #ifdef DETLOGP_HAVE_CUDA
 #include "detlogp/cuda.hpp"
@@ -223,7 +224,7 @@ std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
                                            const I64Array& targets, const LogprobContract& contract,
                                            const std::shared_ptr<Communicator>& comm,
                                            bool deterministic, bool validate, bool entropy,
-                                           int threads) {
+                                           int threads, bool entropy_grad) {
   if (!op) throw ContractError("op must be a LogprobOp");
   detlogp::LogitsView view;
   try {
@@ -244,6 +245,7 @@ std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
   const detlogp::ForwardOptions opt{.deterministic = deterministic,
                                     .validate = validate,
                                     .entropy = entropy,
+                                    .entropy_grad = entropy_grad,
                                     .exec = {.threads = threads}};
   auto handle = std::make_shared<ForwardHandle>();
   handle->op = op;
@@ -644,7 +646,8 @@ PYBIND11_MODULE(_detlogp, m) {
       .def("forward", &run_forward, py::kw_only(), py::arg("ptr"), py::arg("dtype"),
            py::arg("rows"), py::arg("cols"), py::arg("row_stride"), py::arg("owner"),
            py::arg("targets"), py::arg("contract"), py::arg("comm"), py::arg("deterministic"),
-           py::arg("validate"), py::arg("entropy"), py::arg("threads"));
+           py::arg("validate"), py::arg("entropy"), py::arg("threads"),
+           py::arg("entropy_grad") = true);
 
   m.def("in_process_forward", &in_process_forward, py::kw_only(), py::arg("op"), py::arg("dtype"),
         py::arg("shards"), py::arg("contracts"), py::arg("targets"), py::arg("deterministic"),
@@ -678,4 +681,8 @@ PYBIND11_MODULE(_detlogp, m) {
 #endif
   m.def("cuda_backend_status", &cuda_backend_status);
   detlogp::python::bind_functional(m);
+
+  detlogp_python::bind_registry(m);
+  detlogp_python::bind_drift(m);
+  detlogp_python::bind_validation(m);
 }

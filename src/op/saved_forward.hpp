@@ -16,6 +16,7 @@ struct SavedForward {
   std::vector<int64_t> target_local;             // owned active target's local column, else -1
   std::vector<uint8_t> active;                   // 1 per active token
   bool has_entropy = false;
+  bool entropy_grad = false;  // entropy computed and differentiable (ForwardOptions)
   const ShardKernels* kernels = nullptr;
   ExecOptions exec;
   std::vector<float> lse;  // copies of the forward outputs backward needs

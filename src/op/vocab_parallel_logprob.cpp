@@ -23,9 +23,9 @@ int64_t partial_floats(bool entropy) { return entropy ? 3 : 2; }
 
 std::string dtype_name(DType d) { return std::string(to_string(d)); }
 
-// Section 4.1 step 4 (the invocation checks) and step 6 (targets), as ContractError.
-void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
-                      const LogprobContract& c, const Communicator& comm, bool validate) {
+// The inputs' shapes and dtype against the contract (the part of step 4 before the transport).
+void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targets,
+                        const LogprobContract& c) {
   const ShardingSpec& sh = c.sharding();
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr)) {
     throw ContractError(fmt::format(
@@ -57,6 +57,14 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
     throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
                                     dtype_name(logits.dtype), dtype_name(c.dtype())));
   }
+}
+
+// The invocation checks, as ContractError: the inputs' shapes and dtype (check_input_shapes),
+// then the transport, then the active targets against the real vocabulary.
+void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
+                      const LogprobContract& c, const Communicator& comm, bool validate) {
+  check_input_shapes(logits, targets, c);
+  const ShardingSpec& sh = c.sharding();
   if (comm.size() != sh.tp_world_size()) {
     throw ContractError(fmt::format(
         "the communicator has {} ranks but the contract declares tp_world_size={}; pass the TP "
@@ -148,6 +156,12 @@ canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
 
 }  // namespace
 
+void check_forward_inputs(const LogitsView& local_logits, std::span<const int64_t> targets,
+                          const LogprobContract& contract, const ForwardOptions& options) {
+  check_mode(contract, options.deterministic);
+  check_input_shapes(local_logits, targets, contract);
+}
+
 void fail_preflight(Communicator& comm, const std::string& message) {
   if (comm.size() > 1) {
     op::PreflightFacts facts;
@@ -230,6 +244,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   saved->producer = SavedForward::Producer::vocab_parallel;
   saved->kernels = &kernels_;
   saved->has_entropy = opt.entropy;
+  saved->entropy_grad = opt.entropy && opt.entropy_grad;
   saved->exec = opt.exec;
   saved->active.resize(static_cast<std::size_t>(rows));
   saved->target_local.assign(static_cast<std::size_t>(rows), -1);
@@ -355,7 +370,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     }
   }
   saved->lse = out.lse;
-  saved->entropy = out.entropy;
+  if (saved->entropy_grad) saved->entropy = out.entropy;  // backward's only use of it
   out.saved = std::move(saved);
   return out;
 }
@@ -388,6 +403,11 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
     throw ContractError(
         "grad_entropy was given but forward ran with entropy=false; run forward "
         "with entropy=true");
+  }
+  if (!g.grad_entropy.empty() && !s.entropy_grad) {
+    throw ContractError(
+        "grad_entropy was given but forward ran with entropy_grad=false (the entropy is a "
+        "constant for backward); run forward with entropy_grad=true to differentiate it");
   }
   if (grad.rows != rows || grad.cols != s.logits.cols || grad.dtype != s.logits.dtype ||
       grad.row_stride < grad.cols || (rows > 0 && grad.data == nullptr)) {

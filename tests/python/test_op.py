@@ -209,8 +209,12 @@ def test_invocation_checks():
         y = x.clone()
         y[2, 3] = float("inf")
         op(y, t, contract=c)
-    bad = contract(6, REAL, PADDED, bounds=[(0, 500), (500, 1024)], tile_width=W)
+    aligned = contract(6, REAL, PADDED, bounds=[(0, 512), (512, 1024)], tile_width=W)
     with pytest.raises(LogprobContractError, match="requires an initialized process group"):
+        op(x[:, :512], t, contract=aligned)
+    # Contract and shape problems come before the missing group, as in the C++ operator.
+    bad = contract(6, REAL, PADDED, bounds=[(0, 500), (500, 1024)], tile_width=W)
+    with pytest.raises(LogprobContractError, match="not aligned to the vocab tile size"):
         op(x[:, :500], t, contract=bad)
     with pytest.raises(LogprobContractError, match="not aligned to the vocab tile size"):
         c2 = contract(6, REAL, PADDED, bounds=[(0, 500), (500, 1024)], tile_width=W)

@@ -1,11 +1,15 @@
-#include "drift.hpp"
+// The drift statistics (include/detlogp/drift.hpp).
+
+#include "detlogp/drift.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-namespace detlogp::cli {
+#include "detlogp/errors.hpp"
+
+namespace detlogp {
 namespace {
 
 // Linear interpolation between order statistics (numpy's and torch's default).
@@ -34,6 +38,13 @@ DriftThresholds drift_thresholds(DType dtype) {
 
 DriftReport drift_report(std::span<const float> candidate, std::span<const float> reference,
                          std::span<const uint8_t> active, DType dtype) {
+  if (reference.size() != candidate.size() ||
+      (!active.empty() && active.size() != candidate.size())) {
+    throw ContractError(fmt::format(
+        "drift: candidate has {} tokens, reference {} and mask {}; give one entry per token in "
+        "each (an empty mask means every token active)",
+        candidate.size(), reference.size(), active.size()));
+  }
   DriftReport r;
   r.dtype = dtype;
   r.thresholds = drift_thresholds(dtype);
@@ -92,4 +103,4 @@ DriftReport drift_report(std::span<const float> candidate, std::span<const float
   return r;
 }
 
-}  // namespace detlogp::cli
+}  // namespace detlogp

@@ -1,14 +1,20 @@
 #pragma once
-// The drift report of two logprob vectors (seed-semantics.md section 9 DriftDetail over the
-// active tokens, the section 6 chain aggregates, and the section 6 tolerance table):
+// Drift statistics of a candidate logprob vector against a reference one: what `detlogp drift`
+// prints, what the Python `detlogp.drift()` returns and what the distributed drift report
+// records per rank. One implementation for all three.
+//
 //   d = candidate - reference (in double, from the fp32 values), active tokens only;
 //   count, max_abs, mean_abs, p95_abs, p99_abs (linear-interpolated quantiles of |d|),
-//   max_rel = max |d| / max(|reference|, 1e-12), the worst token (first index of max |d|)
-//   with its candidate and reference values;
+//   max_rel = max |d| / max(|reference|, 1e-12) (a zero reference stays finite: |d| * 1e12),
+//   the worst token (first index of max |d|) with its candidate and reference values;
 //   approx_kl0 = mean(exp(d) - 1 - d), clipfrac0 = fraction of exp(d) outside [0.8, 1.2].
 // Verdict: pass iff count > 0, every active value finite, max_abs <= atol and
 // approx_kl0 <= kl_max of the dtype (bf16 6e-2 / 5e-2, fp16 5e-3 / 5e-3, fp32 1e-5 / 1e-5) and
 // clipfrac0 <= 0.
+//
+//   const detlogp::DriftReport r = detlogp::drift_report(train_logp, rollout_logp, mask,
+//                                                        detlogp::DType::bf16);
+//   if (!r.passed()) for (const auto& why : r.failures) std::cerr << why << "\n";
 
 #include <cstdint>
 #include <optional>
@@ -18,7 +24,7 @@
 
 #include "detlogp/dtype.hpp"
 
-namespace detlogp::cli {
+namespace detlogp {
 
 struct DriftThresholds {
   double max_abs = 0;
@@ -27,6 +33,7 @@ struct DriftThresholds {
   double clip_low = 0.8, clip_high = 1.2;
 };
 
+// The tolerances of logits of `dtype` (the logprob rows of the tolerance table).
 DriftThresholds drift_thresholds(DType dtype);
 
 struct DriftReport {
@@ -44,8 +51,9 @@ struct DriftReport {
   bool passed() const { return failures.empty(); }
 };
 
-// `active` empty: every token active. Sizes must match (the caller checks).
+// `active` empty: every token active; else one entry per token (nonzero = active). Throws
+// ContractError when the sizes differ.
 DriftReport drift_report(std::span<const float> candidate, std::span<const float> reference,
                          std::span<const uint8_t> active, DType dtype);
 
-}  // namespace detlogp::cli
+}  // namespace detlogp

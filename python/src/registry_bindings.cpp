@@ -1,0 +1,201 @@
+// The C++ registry (include/detlogp/registry.hpp) for the Python package: Registry objects (a
+// fresh one, one with the built-in backends, the process-wide one), backends built from a
+// factory, and the adapter that lets a Python object with forward/backward be a backend.
+//
+// Dispatch stays the C++ registry's one implementation: policies, capability matching per
+// platform, fallback, provenance, the shared instance cache and the load-failure blacklist. A
+// Python-defined backend enters it as a PyBackendOp, a LogprobOp that holds the Python object
+// its factory returned; `python_op_of` hands that object back to Python after dispatch. A C++
+// caller that dispatches to one (it cannot run Python buffers) gets std::runtime_error from
+// forward and backward, never a crash.
+//
+// The GIL: Python factories run inside Registry::get_logprob_op, under the registry's lock. The
+// bindings keep the GIL across every registry call, so the lock is only ever taken with the
+// GIL held from Python and no Python thread can wait for the lock while holding the GIL that
+// the factory needs.
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "detlogp/capability.hpp"
+#include "detlogp/errors.hpp"
+#include "detlogp/kernels.hpp"
+#include "detlogp/operator.hpp"
+#include "detlogp/registry.hpp"
+#include "python_bindings.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using detlogp::Backend;
+using detlogp::LogprobOp;
+using detlogp::Registry;
+
+// A Python reference that C++ containers may copy and destroy without the GIL: the registry
+// copies Backend factories under its own lock, and the process-wide registry outlives the
+// interpreter. The last owner drops the reference with the GIL, or leaks it once Python is
+// shutting down (touching the object then would crash).
+class PyRef {
+ public:
+  explicit PyRef(py::object obj) : obj_(new py::object(std::move(obj))) {}
+  ~PyRef() {
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // leaked on purpose at exit
+    py::gil_scoped_acquire gil;
+    delete obj_;
+  }
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  const py::object& get() const { return *obj_; }
+
+ private:
+  py::object* obj_;
+};
+
+// A backend written in Python: forward and backward live on the Python object, which the
+// package calls directly. From C++ it is only a name in the registry.
+class PyBackendOp final : public LogprobOp {
+ public:
+  PyBackendOp(std::shared_ptr<PyRef> obj, std::string backend_id, std::string kernel)
+      : obj_(std::move(obj)), backend_id_(std::move(backend_id)), kernel_(std::move(kernel)) {}
+
+  const std::string& backend_id() const override { return backend_id_; }
+  std::string kernel_name() const override { return kernel_; }
+  const py::object& python_object() const { return obj_->get(); }
+
+  detlogp::LogprobResult forward(const detlogp::LogitsView&, std::span<const int64_t>,
+                                 const detlogp::LogprobContract&, detlogp::Communicator&,
+                                 const detlogp::ForwardOptions&) const override {
+    throw std::runtime_error(not_from_cpp());
+  }
+  void backward(const detlogp::LogprobResult&, const detlogp::LogprobGrads&,
+                const detlogp::MutableLogitsView&) const override {
+    throw std::runtime_error(not_from_cpp());
+  }
+
+ private:
+  std::string not_from_cpp() const {
+    return "backend " + backend_id_ +
+           " is defined in Python: call the op object the Python registry returns "
+           "(its forward/backward), not the C++ LogprobOp";
+  }
+
+  std::shared_ptr<PyRef> obj_;
+  std::string backend_id_;
+  std::string kernel_;
+};
+
+std::string attr_or(const py::object& obj, const char* name, const std::string& fallback) {
+  if (!py::hasattr(obj, name)) return fallback;
+  py::object v = obj.attr(name);
+  if (v.is_none()) return fallback;
+  return py::str(v);
+}
+
+// A Backend whose factory calls `factory()` (with the GIL). It may return a C++ LogprobOp (a
+// backend of this library), or any Python object with forward/backward (a Python backend);
+// None or an exception counts as a load failure, which the registry records and never retries.
+Backend python_backend(const std::string& name, py::object factory) {
+  if (!PyCallable_Check(factory.ptr())) {
+    throw detlogp::ContractError("backend factory for " + name +
+                                 " must be callable (returning an op object)");
+  }
+  auto ref = std::make_shared<PyRef>(std::move(factory));
+  return Backend{name, [ref, name]() -> std::shared_ptr<LogprobOp> {
+                   py::gil_scoped_acquire gil;
+                   py::object made;
+                   try {
+                     made = ref->get()();
+                   } catch (py::error_already_set&) {
+                     return nullptr;  // load failure: recorded by the registry
+                   }
+                   if (made.is_none()) return nullptr;
+                   if (py::isinstance<LogprobOp>(made))
+                     return made.cast<std::shared_ptr<LogprobOp>>();
+                   if (!py::hasattr(made, "forward") || !py::hasattr(made, "backward")) {
+                     return nullptr;  // not an op: cannot serve, counts as a load failure
+                   }
+                   const std::string id = attr_or(made, "backend_id", name);
+                   const std::string kernel = attr_or(made, "kernel_name", "python");
+                   return std::make_shared<PyBackendOp>(std::make_shared<PyRef>(std::move(made)),
+                                                        id, kernel);
+                 }};
+}
+
+Backend cpu_backend(const std::string& name, const std::string& backend_id,
+                    const std::string& kernels) {
+  const detlogp::ShardKernels* k = nullptr;
+  if (kernels == "canonical") {
+    k = &detlogp::simd_kernels();
+  } else if (kernels == "reference") {
+    k = &detlogp::reference_kernels();
+  } else if (kernels != "batch_invariant") {
+    throw detlogp::ContractError(
+        "kernels must be one of: canonical, reference, batch_invariant; got '" + kernels + "'");
+  }
+  if (k == nullptr) {
+    return Backend{name, [backend_id] {
+                     return std::make_shared<detlogp::BatchInvariantLogprob>(backend_id);
+                   }};
+  }
+  return Backend{name, [k, backend_id] {
+                   return std::make_shared<detlogp::VocabParallelLogprob>(*k, backend_id);
+                 }};
+}
+
+// Python holds registries through shared_ptr; the process-wide one is never deleted.
+std::shared_ptr<Registry> global_registry() {
+  return std::shared_ptr<Registry>(&Registry::global(), [](Registry*) {});
+}
+
+}  // namespace
+
+namespace detlogp_python {
+
+void bind_registry(py::module_& m) {
+  py::class_<Backend>(m, "Backend")
+      .def(py::init(&python_backend), py::arg("name"), py::arg("factory"))
+      .def_static("cpu", &cpu_backend, py::kw_only(), py::arg("name"), py::arg("backend_id"),
+                  py::arg("kernels"))
+      .def_readonly("name", &Backend::name);
+
+  py::class_<Registry, std::shared_ptr<Registry>>(m, "Registry")
+      .def(py::init([] { return std::make_shared<Registry>(); }))
+      .def_static("with_builtin_backends",
+                  [] { return std::shared_ptr<Registry>(Registry::with_builtin_backends()); })
+      .def_static("global_registry", &global_registry)
+      .def("register_logprob_backend", &Registry::register_logprob_backend, py::arg("backend"),
+           py::arg("capability"), py::arg("platform"), py::arg("prepend"))
+      .def("add_contract_candidate", &Registry::add_contract_candidate, py::arg("backend"),
+           py::arg("platform"))
+      .def("register_legacy_backend", &Registry::register_legacy_backend, py::arg("op_type"),
+           py::arg("backend"), py::arg("platform"), py::arg("prepend"))
+      .def("get_op", &Registry::get_op, py::arg("op_type"), py::arg("platform"))
+      .def("get_logprob_op", &Registry::get_logprob_op, py::arg("contract"),
+           py::arg("requested_backend"), py::arg("platform"))
+      .def("contract_candidates", &Registry::contract_candidates, py::arg("platform"))
+      .def("legacy_priority", &Registry::legacy_priority, py::arg("op_type"), py::arg("platform"))
+      .def("capability", &Registry::capability, py::arg("platform"), py::arg("backend_name"))
+      .def("failed_to_load", &Registry::failed_to_load, py::arg("backend_name"));
+
+  // The Python object behind a Python-defined backend's op, or None for a C++ op.
+  m.def(
+      "python_op_of",
+      [](const std::shared_ptr<LogprobOp>& op) -> py::object {
+        if (auto* p = dynamic_cast<const PyBackendOp*>(op.get())) return p->python_object();
+        return py::none();
+      },
+      py::arg("op"));
+  py::list platforms;
+  for (std::string_view p : detlogp::kPlatforms) platforms.append(std::string(p));
+  m.attr("REGISTRY_PLATFORMS") = py::tuple(platforms);
+}
+
+}  // namespace detlogp_python
