@@ -671,7 +671,10 @@ PYBIND11_MODULE(_detlogp, m) {
         if (platform == "cuda") ensure_cuda_backend();
         return detlogp::Registry::global().get_logprob_op(contract, requested_backend, platform);
       },
-      py::arg("contract"), py::arg("requested_backend"), py::arg("platform") = "cpu");
+      py::arg("contract"), py::arg("requested_backend"), py::arg("platform") = "cpu",
+      // Without the GIL while it waits for the registry's lock: a Python backend's factory
+      // (run under that lock) takes the GIL itself.
+      py::call_guard<py::gil_scoped_release>());
 #ifdef DETLOGP_HAVE_CUDA
   m.attr("CUDA_BUILT") = true;
   m.attr("CUDA_CANONICAL_BACKEND_ID") = std::string(detlogp::kCudaCanonicalBackendId);

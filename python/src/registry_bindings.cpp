@@ -9,10 +9,11 @@
 // caller that dispatches to one (it cannot run Python buffers) gets std::runtime_error from
 // forward and backward, never a crash.
 //
-// The GIL: Python factories run inside Registry::get_logprob_op, under the registry's lock. The
-// bindings keep the GIL across every registry call, so the lock is only ever taken with the
-// GIL held from Python and no Python thread can wait for the lock while holding the GIL that
-// the factory needs.
+// The GIL: Python factories run inside Registry::get_logprob_op / get_op, under the registry's
+// lock, and take the GIL themselves. Every registry call from Python therefore releases the GIL
+// first: a thread never waits for the registry's lock while holding the GIL that a factory
+// (which may itself let the GIL go, e.g. in torch code or a sleep) needs to finish. Nothing
+// the registry copies or destroys without the GIL holds a Python reference directly (PyRef).
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -150,6 +151,8 @@ Backend cpu_backend(const std::string& name, const std::string& backend_id,
                  }};
 }
 
+using nogil = py::call_guard<py::gil_scoped_release>;
+
 // Python holds registries through shared_ptr; the process-wide one is never deleted.
 std::shared_ptr<Registry> global_registry() {
   return std::shared_ptr<Registry>(&Registry::global(), [](Registry*) {});
@@ -172,18 +175,20 @@ void bind_registry(py::module_& m) {
                   [] { return std::shared_ptr<Registry>(Registry::with_builtin_backends()); })
       .def_static("global_registry", &global_registry)
       .def("register_logprob_backend", &Registry::register_logprob_backend, py::arg("backend"),
-           py::arg("capability"), py::arg("platform"), py::arg("prepend"))
+           py::arg("capability"), py::arg("platform"), py::arg("prepend"), nogil())
       .def("add_contract_candidate", &Registry::add_contract_candidate, py::arg("backend"),
-           py::arg("platform"))
+           py::arg("platform"), nogil())
       .def("register_legacy_backend", &Registry::register_legacy_backend, py::arg("op_type"),
-           py::arg("backend"), py::arg("platform"), py::arg("prepend"))
-      .def("get_op", &Registry::get_op, py::arg("op_type"), py::arg("platform"))
+           py::arg("backend"), py::arg("platform"), py::arg("prepend"), nogil())
+      .def("get_op", &Registry::get_op, py::arg("op_type"), py::arg("platform"), nogil())
       .def("get_logprob_op", &Registry::get_logprob_op, py::arg("contract"),
-           py::arg("requested_backend"), py::arg("platform"))
-      .def("contract_candidates", &Registry::contract_candidates, py::arg("platform"))
-      .def("legacy_priority", &Registry::legacy_priority, py::arg("op_type"), py::arg("platform"))
-      .def("capability", &Registry::capability, py::arg("platform"), py::arg("backend_name"))
-      .def("failed_to_load", &Registry::failed_to_load, py::arg("backend_name"));
+           py::arg("requested_backend"), py::arg("platform"), nogil())
+      .def("contract_candidates", &Registry::contract_candidates, py::arg("platform"), nogil())
+      .def("legacy_priority", &Registry::legacy_priority, py::arg("op_type"), py::arg("platform"),
+           nogil())
+      .def("capability", &Registry::capability, py::arg("platform"), py::arg("backend_name"),
+           nogil())
+      .def("failed_to_load", &Registry::failed_to_load, py::arg("backend_name"), nogil());
 
   // The Python object behind a Python-defined backend's op, or None for a C++ op.
   m.def(

@@ -465,3 +465,53 @@ def test_argument_checks_and_legacy_get_op_by_device():
     assert detlogp.get_op("batch_invariant_logp").backend_id == (
         detlogp.CPU_BATCH_INVARIANT_BACKEND_ID)
     assert np.array_equal(r.legacy_priority("batch_invariant_logp"), ["BI"])
+
+
+GIL_SCRIPT = r"""
+import threading, time
+import detlogp
+from test_registry import full_cap, qwen_tp2
+
+class SlowOp:
+    def forward(self, *a, **k): pass
+    def backward(self, *a, **k): pass
+
+def slow_factory():
+    time.sleep(0.5)  # lets the GIL go while the registry's lock is held
+    return SlowOp()
+
+for reg in (detlogp.Registry(), None):
+    if reg is None:  # the process-wide registry, through detlogp.get_logprob_op
+        detlogp.register_logprob_backend(detlogp.Backend("SLOW", slow_factory),
+                                         full_cap("slow", "production"), prepend=True)
+        dispatch = detlogp.get_logprob_op
+    else:
+        reg.register_logprob_backend(detlogp.Backend("SLOW", slow_factory),
+                                     full_cap("slow", "production"))
+        dispatch = reg.get_logprob_op
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(dispatch(qwen_tp2()).actual_backend))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == ["slow"] * 4, got
+print("no deadlock")
+"""
+
+
+def test_a_factory_that_lets_the_gil_go_does_not_deadlock_other_dispatching_threads(tmp_path):
+    """Factories run under the registry's lock; a thread waiting for that lock must not hold
+    the GIL the factory needs back. Run in a child process: a deadlock there is a timeout
+    here, not a hung test run."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).parent)] + [p for p in sys.path if p]))
+    proc = subprocess.run([sys.executable, "-c", GIL_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "no deadlock" in proc.stdout, proc.stdout + proc.stderr
