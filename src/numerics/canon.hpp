@@ -3,8 +3,9 @@
 // The definition is shared/design/numerics.md; this header is its one implementation for
 // scalars. The scalar reference kernel calls it directly, the SIMD kernels repeat these exact
 // operation sequences lane-wise (and are tested bitwise against it), and the CUDA kernels
-// compile this same header for the device. It includes nothing of detlogp's and uses only
-// IEEE-754 binary32 add, sub, mul, div, fma (one rounding) and exact bit manipulation.
+// compile this same header for the device. It includes only the plain numerics types
+// (detlogp/numerics.hpp) and uses only IEEE-754 binary32 add, sub, mul, div, fma (one rounding)
+// and exact bit manipulation.
 //
 // Never compile this with fast-math or with FP contraction (-ffp-contract=off): an implicit
 // fma would round differently from the canon.
@@ -12,6 +13,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "detlogp/numerics.hpp"
 
 #if defined(__CUDACC__)
 #define DETLOGP_HD __host__ __device__ __forceinline__
@@ -205,11 +208,7 @@ DETLOGP_HD uint16_t float_to_fp16(float f) {
 // Identity (no columns, or all -inf): (-inf, 0, 0); s == 0 marks it. Poisoned (a NaN or +inf
 // logit among the columns): all three canonical NaN; s is NaN marks it.
 
-struct Partial {
-  float m;
-  float s;
-  float u;
-};
+using Partial = NodePartial;  // one type: the kernels' outputs are the canon's partials
 
 DETLOGP_HD Partial identity_partial() { return Partial{-kInf, 0.0f, 0.0f}; }
 DETLOGP_HD Partial poisoned_partial() {

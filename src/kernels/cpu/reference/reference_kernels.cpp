@@ -15,16 +15,13 @@
 
 #include "detlogp/errors.hpp"
 #include "detlogp/kernels.hpp"
-#include "kernels/cpu/reference/element_io.hpp"
-#include "kernels/cpu/reference/validate.hpp"
+#include "kernels/common/validate.hpp"
 #include "numerics/canon.hpp"
+#include "numerics/element_io.hpp"
 
 namespace detlogp {
 
 namespace {
-
-canon::Partial to_canon(const NodePartial& p) { return canon::Partial{p.m, p.s, p.u}; }
-NodePartial from_canon(const canon::Partial& p) { return NodePartial{p.m, p.s, p.u}; }
 
 // One row of a shard: z of a global column, and the leaf partial of a tile.
 class ShardRow {
@@ -34,14 +31,14 @@ class ShardRow {
 
   // z = fp32(x) / tau of a real global column held by the shard.
   float z(int64_t global_col) const {
-    const float x =
-        cpu::load_as_float(shard_.data, shard_.dtype, row_offset_ + global_col - spec_.vocab_start);
+    const float x = numerics::load_as_float(shard_.data, shard_.dtype,
+                                            row_offset_ + global_col - spec_.vocab_start);
     return canon::scale_logit(x, spec_.temperature);
   }
 
   // numerics.md "Leaf partial": over the tile's real columns only, in column order.
   canon::Partial leaf(int64_t tile, bool with_entropy) const {
-    const cpu::ColumnRange cols = cpu::tile_real_columns(spec_.geometry, tile);
+    const kernels::ColumnRange cols = kernels::tile_real_columns(spec_.geometry, tile);
     if (cols.begin >= cols.end) return canon::identity_partial();  // tile at or beyond T
     std::vector<float> z_tile;
     z_tile.reserve(static_cast<size_t>(cols.end - cols.begin));
@@ -84,7 +81,7 @@ class RootBuilder {
  private:
   canon::Partial value(int level, int64_t index, std::span<const NodePartial> row) const {
     const auto it = given_.find(std::make_pair(level, index));
-    if (it != given_.end()) return to_canon(row[it->second]);
+    if (it != given_.end()) return row[it->second];
     if ((index << level) >= real_tiles_) return canon::identity_partial();
     // validate_exact_cover guarantees a given node on the way down to every real leaf.
     const canon::Partial left = value(level - 1, 2 * index, row);
@@ -105,12 +102,12 @@ class ReferenceKernels final : public ShardKernels {
   void node_partials(const LogitsView& shard, const ShardSpec& spec,
                      std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
                      const ExecOptions& /*exec*/) const override {
-    cpu::validate_node_partials(shard, spec, nodes, out);
+    kernels::validate_node_partials(shard, spec, nodes, out);
     for (int64_t r = 0; r < shard.rows; ++r) {
       const ShardRow row(shard, spec, r);
       for (size_t j = 0; j < nodes.size(); ++j) {
         out[static_cast<size_t>(r) * nodes.size() + j] =
-            from_canon(row.node(nodes[j].level, nodes[j].index, with_entropy));
+            row.node(nodes[j].level, nodes[j].index, with_entropy);
       }
     }
   }
@@ -118,7 +115,7 @@ class ReferenceKernels final : public ShardKernels {
   void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
                    std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
                    const ExecOptions& /*exec*/) const override {
-    cpu::validate_merge_roots(geometry, nodes, partials, rows, roots);
+    kernels::validate_merge_roots(geometry, nodes, partials, rows, roots);
     const bool with_entropy = !roots.entropy.empty();
     const RootBuilder builder(geometry, nodes, with_entropy);
     for (int64_t r = 0; r < rows; ++r) {
@@ -132,7 +129,7 @@ class ReferenceKernels final : public ShardKernels {
 
   void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                 const MutableLogitsView& grad, const ExecOptions& /*exec*/) const override {
-    cpu::validate_backward(shard, spec, in, grad);
+    kernels::validate_backward(shard, spec, in, grad);
     const int64_t real_end = spec.geometry.real_vocab;
     for (int64_t r = 0; r < shard.rows; ++r) {
       const auto ri = static_cast<size_t>(r);
@@ -154,7 +151,7 @@ class ReferenceKernels final : public ShardKernels {
           value =
               canon::grad_element(row.z(global), c == target, lse, entropy, g, spec.temperature);
         }
-        cpu::store_from_float(grad.data, grad.dtype, r * grad.row_stride + c, value);
+        numerics::store_from_float(grad.data, grad.dtype, r * grad.row_stride + c, value);
       }
     }
   }
@@ -165,8 +162,8 @@ class ReferenceKernels final : public ShardKernels {
 void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
                         std::span<const int64_t> target_local, std::span<float> out) {
   const char* kernel = "read_target_logits";
-  cpu::validate_shard(shard, spec, kernel);
-  cpu::validate_targets(shard, spec, target_local, kernel);
+  kernels::validate_shard(shard, spec, kernel);
+  kernels::validate_targets(shard, spec, target_local, kernel);
   if (static_cast<int64_t>(out.size()) != shard.rows) {
     throw ContractError("detlogp read_target_logits: out has " + std::to_string(out.size()) +
                         " entries, expected rows = " + std::to_string(shard.rows));
@@ -178,7 +175,7 @@ void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
       out[ri] = 0.0f;
       continue;
     }
-    const float x = cpu::load_as_float(shard.data, shard.dtype, r * shard.row_stride + t);
+    const float x = numerics::load_as_float(shard.data, shard.dtype, r * shard.row_stride + t);
     // NaN payloads differ between devices: a NaN target logit is written as the canonical NaN.
     out[ri] = canon::canonicalize(canon::scale_logit(x, spec.temperature));
   }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "detlogp/kernels.hpp"
-#include "kernels/cpu/reference/validate.hpp"
+#include "kernels/common/validate.hpp"
 #include "kernels/cpu/simd/simd_kernels.hpp"
 #include "numerics/canon.hpp"
 
@@ -133,8 +133,7 @@ class RootPlan {
   canon::Partial eval(int i, const NodePartial* row) const {
     const Op& op = ops_[static_cast<size_t>(i)];
     if (op.slot >= 0) {
-      const NodePartial& p = row[op.slot];
-      return canon::Partial{p.m, p.s, p.u};
+      return row[op.slot];
     }
     if (op.slot == -1) return canon::identity_partial();
     return canon::merge<kEntropy>(eval<kEntropy>(op.left, row), eval<kEntropy>(op.right, row));
@@ -155,7 +154,7 @@ class HighwayKernels final : public ShardKernels {
   void node_partials(const LogitsView& shard, const ShardSpec& spec,
                      std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
                      const ExecOptions& exec) const override {
-    cpu::validate_node_partials(shard, spec, nodes, out);
+    kernels::validate_node_partials(shard, spec, nodes, out);
     if (shard.rows == 0 || nodes.empty()) return;
     simd::NodePartialsJob job;
     job.data = shard.data;
@@ -177,7 +176,7 @@ class HighwayKernels final : public ShardKernels {
   void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
                    std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
                    const ExecOptions& exec) const override {
-    cpu::validate_merge_roots(geometry, nodes, partials, rows, roots);
+    kernels::validate_merge_roots(geometry, nodes, partials, rows, roots);
     if (rows == 0) return;
     const RootPlan plan(geometry, nodes);
     const bool with_entropy = !roots.entropy.empty();
@@ -197,7 +196,7 @@ class HighwayKernels final : public ShardKernels {
 
   void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                 const MutableLogitsView& grad, const ExecOptions& exec) const override {
-    cpu::validate_backward(shard, spec, in, grad);
+    kernels::validate_backward(shard, spec, in, grad);
     if (shard.rows == 0 || shard.cols == 0) return;
     simd::BackwardJob job;
     job.data = shard.data;

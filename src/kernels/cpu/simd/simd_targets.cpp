@@ -533,7 +533,7 @@ void NodePartialsRowsT(const NodePartialsJob& job, int64_t row_begin, int64_t ro
         }
         p = ReduceLevels<kEntropy>(level, n, node.level);
       }
-      job.out[row * job.num_nodes + j] = NodePartial{p.m, p.s, p.u};
+      job.out[row * job.num_nodes + j] = p;
     }
   }
 }
@@ -978,7 +978,7 @@ void NodePartialsRowsScalar(const NodePartialsJob& job, int64_t row_begin, int64
         p = level[0];
         if (done < node.level) p = canon::merge(p, canon::identity_partial(), job.with_entropy);
       }
-      job.out[row * job.num_nodes + j] = NodePartial{p.m, p.s, p.u};
+      job.out[row * job.num_nodes + j] = p;
     }
   }
 }
