@@ -5,12 +5,11 @@
 //   leaf(t)            the tile's real columns, widened, divided by tau, canon::leaf_partial
 //   value(level, i)    leaf(i) at level 0, identity for tiles at or beyond T,
 //                      else canon::merge(value(level-1, 2i), value(level-1, 2i+1))
-//   root               rebuilt from given nodes by the same recursion, canon::finish_root
+//   root               rebuilt from given nodes by the same recursion (numerics/root_program.hpp),
+//                      canon::finish_root
 //   gradient           canon::grad_element per real column, +0 on padding, narrowed
 //
 // The SIMD kernels are tested bitwise against this file.
-#include <map>
-#include <utility>
 #include <vector>
 
 #include "detlogp/errors.hpp"
@@ -18,6 +17,7 @@
 #include "kernels/common/validate.hpp"
 #include "numerics/canon.hpp"
 #include "numerics/element_io.hpp"
+#include "numerics/root_program.hpp"
 
 namespace detlogp {
 
@@ -60,41 +60,6 @@ class ShardRow {
   int64_t row_offset_;
 };
 
-// The root of one row rebuilt from given node partials (numerics.md "Distribution"):
-// value(level, index) = the given node if present, identity if the block starts at or beyond T,
-// else merge(value(children)).
-class RootBuilder {
- public:
-  RootBuilder(const TileGeometry& geometry, std::span<const TreeNode> nodes, bool with_entropy)
-      : real_tiles_(geometry.num_real_tiles()),
-        levels_(geometry.tree_levels()),
-        with_entropy_(with_entropy) {
-    for (size_t j = 0; j < nodes.size(); ++j) {
-      given_.emplace(std::make_pair(nodes[j].level, nodes[j].index), j);
-    }
-  }
-
-  canon::Partial root(std::span<const NodePartial> row_partials) const {
-    return value(levels_, 0, row_partials);
-  }
-
- private:
-  canon::Partial value(int level, int64_t index, std::span<const NodePartial> row) const {
-    const auto it = given_.find(std::make_pair(level, index));
-    if (it != given_.end()) return row[it->second];
-    if ((index << level) >= real_tiles_) return canon::identity_partial();
-    // validate_exact_cover guarantees a given node on the way down to every real leaf.
-    const canon::Partial left = value(level - 1, 2 * index, row);
-    const canon::Partial right = value(level - 1, 2 * index + 1, row);
-    return canon::merge(left, right, with_entropy_);
-  }
-
-  int64_t real_tiles_;
-  int levels_;
-  bool with_entropy_;
-  std::map<std::pair<int, int64_t>, size_t> given_;
-};
-
 class ReferenceKernels final : public ShardKernels {
  public:
   std::string name() const override { return "scalar-reference"; }
@@ -117,10 +82,14 @@ class ReferenceKernels final : public ShardKernels {
                    const ExecOptions& /*exec*/) const override {
     kernels::validate_merge_roots(geometry, nodes, partials, rows, roots);
     const bool with_entropy = !roots.entropy.empty();
-    const RootBuilder builder(geometry, nodes, with_entropy);
+    const numerics::RootProgram program(geometry, nodes);
+    const std::span<const int32_t> ops = program.ops();
+    const auto num_ops = static_cast<int64_t>(ops.size());
     for (int64_t r = 0; r < rows; ++r) {
-      const canon::Partial root =
-          builder.root(partials.subspan(static_cast<size_t>(r) * nodes.size(), nodes.size()));
+      const NodePartial* row = partials.data() + static_cast<size_t>(r) * nodes.size();
+      const canon::Partial root = with_entropy
+                                      ? numerics::run_root_program<true>(ops.data(), num_ops, row)
+                                      : numerics::run_root_program<false>(ops.data(), num_ops, row);
       const canon::RootValues values = canon::finish_root(root);
       roots.lse[static_cast<size_t>(r)] = values.lse;
       if (with_entropy) roots.entropy[static_cast<size_t>(r)] = values.entropy;
