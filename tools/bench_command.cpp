@@ -29,7 +29,7 @@
 
 #include "cli.hpp"
 #include "device.hpp"
-#include "numerics/canon.hpp"
+#include "numerics/element_io.hpp"
 #include "parallel.hpp"
 #include "progress.hpp"
 #include "scoring.hpp"
@@ -80,14 +80,7 @@ double read_gbps(const std::vector<std::byte>& buf, int threads, int repeats) {
 }
 
 float load(DType dtype, const std::byte* row, int64_t c) {
-  if (dtype == DType::fp32) {
-    float f;
-    std::memcpy(&f, row + c * 4, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, row + c * 2, 2);
-  return dtype == DType::bf16 ? canon::bf16_to_float(h) : canon::fp16_to_float(h);
+  return numerics::load_as_float(row, dtype, c);
 }
 
 // The straightforward baseline: per row, pass 1 the max, pass 2 the sum of exp(z - max).

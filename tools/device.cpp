@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <utility>
@@ -16,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "detlogp/cuda.hpp"
+#include "detlogp/cuda_registry.hpp"
 #endif
 
 namespace detlogp::cli {
@@ -53,8 +53,7 @@ void init_device(Device device) {
   if (cuda_device_count(&why) == 0) {
     throw UsageError(fmt::format("--device cuda: no CUDA device ({})", why));
   }
-  static std::once_flag once;
-  std::call_once(once, [] { register_cuda_backend(Registry::global()); });
+  ensure_cuda_backend_registered();
 #else
   no_cuda();
 #endif

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
-#include "numerics/canon.hpp"
+#include "numerics/element_io.hpp"
 
 namespace detlogp::cli {
 namespace {
@@ -31,15 +30,7 @@ std::vector<int64_t> sample_rows(int64_t tokens, int64_t samples) {
 }
 
 float widen(DType dtype, const void* row, int64_t i) {
-  const auto* p = static_cast<const std::byte*>(row);
-  if (dtype == DType::fp32) {
-    float f;
-    std::memcpy(&f, p + i * 4, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p + i * 2, 2);
-  return dtype == DType::bf16 ? canon::bf16_to_float(h) : canon::fp16_to_float(h);
+  return numerics::load_as_float(row, dtype, i);
 }
 
 void widen_row(DType dtype, const void* row, int64_t n, std::vector<float>& out) {

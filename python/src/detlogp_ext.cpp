@@ -23,7 +23,6 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -47,6 +46,7 @@
 
 #ifdef DETLOGP_HAVE_CUDA
 #include "detlogp/cuda.hpp"
+#include "detlogp/cuda_registry.hpp"
 #endif
 
 namespace py = pybind11;
@@ -338,8 +338,7 @@ void ensure_cuda_backend() {
   if (detlogp::cuda_device_count(&why) == 0) {
     throw ContractError("CUDA logits: no CUDA device (" + why + ")");
   }
-  static std::once_flag once;
-  std::call_once(once, [] { detlogp::register_cuda_backend(detlogp::Registry::global()); });
+  detlogp::ensure_cuda_backend_registered();
 #else
   throw ContractError(
       "CUDA logits need the CUDA backend, but this detlogp was built without CUDA (no CUDA "

@@ -3,8 +3,9 @@
 // The definition is shared/design/numerics.md; this header is its one implementation for
 // scalars. The scalar reference kernel calls it directly, the SIMD kernels repeat these exact
 // operation sequences lane-wise (and are tested bitwise against it), and the CUDA kernels
-// compile this same header for the device. It includes nothing of detlogp's and uses only
-// IEEE-754 binary32 add, sub, mul, div, fma (one rounding) and exact bit manipulation.
+// compile this same header for the device. It includes only the plain numerics types
+// (detlogp/numerics.hpp) and uses only IEEE-754 binary32 add, sub, mul, div, fma (one rounding)
+// and exact bit manipulation.
 //
 // Never compile this with fast-math or with FP contraction (-ffp-contract=off): an implicit
 // fma would round differently from the canon.
@@ -12,6 +13,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "detlogp/numerics.hpp"
 
 #if defined(__CUDACC__)
 #define DETLOGP_HD __host__ __device__ __forceinline__
@@ -91,12 +94,12 @@ struct ExpConstants {
 // 2^n as a float for n in [-126, 127], built from bits.
 DETLOGP_HD float pow2i(int32_t n) { return float_of(static_cast<uint32_t>(n + 127) << 23); }
 
-DETLOGP_HD float det_exp(float x) {
+// exp(x - q ln2) for q = rint(x log2e): the Cody-Waite reduction and the polynomial, the part
+// of det_exp between choosing q and scaling by 2^q. Every det_exp of every backend (this file,
+// the CUDA leaf's det_exp_shift, the SIMD targets' vector form) runs these operations in this
+// order.
+DETLOGP_HD float exp_reduced(float x, float q) {
   using K = ExpConstants;
-  if (is_nan(x)) return x;
-  if (x > K::kOverflowAbove) return kInf;
-  if (x < K::kUnderflowBelow) return 0.0f;
-  const float q = round_even(x * K::kLog2e);
   float r = fma_rn(-q, K::kLn2Hi, x);
   r = fma_rn(-q, K::kLn2Lo, r);
   float p = K::kC6;
@@ -105,12 +108,25 @@ DETLOGP_HD float det_exp(float x) {
   p = fma_rn(p, r, K::kC3);
   p = fma_rn(p, r, K::kC2);
   p = fma_rn(p, r, 1.0f);
-  p = fma_rn(p, r, 1.0f);
-  const int32_t qi = static_cast<int32_t>(q);  // in [-127, 129]
-  const int32_t q1 = qi >> 1;                  // floor(q / 2)
-  const int32_t q2 = qi - q1;
+  return fma_rn(p, r, 1.0f);
+}
+
+// p * 2^q for an integer q in [-127, 129], in two exact power-of-two multiplies so that no
+// intermediate overflows or underflows early; results below the normal range flush to +0.
+DETLOGP_HD float scale_pow2(float p, int32_t q) {
+  const int32_t q1 = q >> 1;  // floor(q / 2)
+  const int32_t q2 = q - q1;
   const float y = (p * pow2i(q1)) * pow2i(q2);
   return y < kMinNormal ? 0.0f : y;
+}
+
+DETLOGP_HD float det_exp(float x) {
+  using K = ExpConstants;
+  if (is_nan(x)) return x;
+  if (x > K::kOverflowAbove) return kInf;
+  if (x < K::kUnderflowBelow) return 0.0f;
+  const float q = round_even(x * K::kLog2e);
+  return scale_pow2(exp_reduced(x, q), static_cast<int32_t>(q));  // q in [-127, 129]
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,11 +221,7 @@ DETLOGP_HD uint16_t float_to_fp16(float f) {
 // Identity (no columns, or all -inf): (-inf, 0, 0); s == 0 marks it. Poisoned (a NaN or +inf
 // logit among the columns): all three canonical NaN; s is NaN marks it.
 
-struct Partial {
-  float m;
-  float s;
-  float u;
-};
+using Partial = NodePartial;  // one type: the kernels' outputs are the canon's partials
 
 DETLOGP_HD Partial identity_partial() { return Partial{-kInf, 0.0f, 0.0f}; }
 DETLOGP_HD Partial poisoned_partial() {

@@ -2,8 +2,7 @@
 #include <string>
 
 #include "detlogp/errors.hpp"
-
-#include "detlogp/kernels.hpp"
+#include "detlogp/numerics.hpp"
 
 namespace detlogp {
 

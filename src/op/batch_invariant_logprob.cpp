@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "detlogp/operator.hpp"
-#include "kernels/cpu/reference/element_io.hpp"
 #include "numerics/canon.hpp"
+#include "numerics/element_io.hpp"
 #include "op/saved_forward.hpp"
 
 namespace detlogp {
@@ -67,7 +67,7 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
   for (int64_t i = 0; i < logits.rows; ++i) {
     const int64_t base = i * logits.row_stride;
     auto z = [&](int64_t col) {
-      return canon::scale_logit(cpu::load_as_float(logits.data, logits.dtype, base + col),
+      return canon::scale_logit(numerics::load_as_float(logits.data, logits.dtype, base + col),
                                 c.temperature());
     };
     float mx = -INFINITY;
@@ -135,13 +135,13 @@ void BatchInvariantLogprob::backward(const LogprobResult& fwd, const LogprobGrad
     for (int64_t col = 0; col < x.cols; ++col) {
       float v = 0.0f;
       if (col < real && std::isfinite(lse)) {
-        const float z =
-            canon::scale_logit(cpu::load_as_float(x.data, x.dtype, i * x.row_stride + col), tau);
+        const float z = canon::scale_logit(
+            numerics::load_as_float(x.data, x.dtype, i * x.row_stride + col), tau);
         const float p = std::exp(z - lse);
         v = gl * ((col == s.target_local[i] ? 1.0f : 0.0f) - p) + gz * p;
         if (tau != 1.0f) v = v / tau;
       }
-      cpu::store_from_float(grad.data, grad.dtype, i * grad.row_stride + col, v);
+      numerics::store_from_float(grad.data, grad.dtype, i * grad.row_stride + col, v);
     }
   }
 }

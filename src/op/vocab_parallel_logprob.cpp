@@ -11,15 +11,13 @@
 #include "detlogp/operator.hpp"
 #include "detlogp/version.hpp"
 #include "numerics/canon.hpp"
+#include "op/forward_wire.hpp"
 #include "op/preflight.hpp"
 #include "op/saved_forward.hpp"
 
 namespace detlogp {
 
 namespace {
-
-// Node partial on the wire: (m, s) always, u only when entropy is requested.
-int64_t partial_floats(bool entropy) { return entropy ? 3 : 2; }
 
 std::string dtype_name(DType d) { return std::string(to_string(d)); }
 
@@ -149,7 +147,7 @@ ShardSpec local_spec(const LogprobContract& c) {
 canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
   canon::Partial acc = canon::identity_partial();
   for (std::size_t j = 0; j < n; ++j) {
-    acc = canon::merge(acc, canon::Partial{p[j].m, p[j].s, p[j].u}, entropy);
+    acc = canon::merge(acc, p[j], entropy);
   }
   return acc;
 }
@@ -187,7 +185,8 @@ ForwardTraffic VocabParallelLogprob::traffic(const LogprobContract& c, bool dete
   if (c.sharding().tp_world_size() > 1) {
     t.preflight_bytes_per_rank = op::preflight_record_bytes();
     // Entropy adds a third float per node; report the larger (entropy) payload.
-    t.payload_bytes_per_rank = rows * (nodes * partial_floats(true) + 1) * 4;
+    t.payload_bytes_per_rank =
+        op::ForwardWire(rows, static_cast<std::size_t>(nodes), true).block_bytes();
   }
   return t;
 }
@@ -278,37 +277,26 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   std::vector<float> target_z(static_cast<std::size_t>(rows));
   kernels_.read_target_logits(logits, saved->spec, saved->target_local, target_z);
 
-  // 4. Pack [rows][width] partials (identity-padded) + [rows] target logits; one all-gather.
-  const int64_t pf = partial_floats(opt.entropy);
-  const std::size_t block = static_cast<std::size_t>(rows) * (width * pf + 1);
-  std::vector<float> send(block);
-  const canon::Partial id = canon::identity_partial();
+  // 4. This rank's block of the all-gather (op/forward_wire.hpp); one all-gather.
+  const op::ForwardWire wire(rows, width, opt.entropy);
+  std::vector<float> send(wire.block_floats());
   for (int64_t i = 0; i < rows; ++i) {
-    float* row = send.data() + i * width * pf;
+    const NodePartial* row = local.data() + i * local_nodes.size();
     if (opt.deterministic) {
-      for (std::size_t j = 0; j < width; ++j) {
-        const NodePartial p = j < local_nodes.size() ? local[i * local_nodes.size() + j]
-                                                     : NodePartial{id.m, id.s, id.u};
-        row[j * pf] = p.m;
-        row[j * pf + 1] = p.s;
-        if (pf == 3) row[j * pf + 2] = p.u;
-      }
+      for (std::size_t j = 0; j < local_nodes.size(); ++j) wire.put_partial(send, i, j, row[j]);
+      wire.pad_partials(send, i, local_nodes.size());
     } else {
-      const canon::Partial p =
-          fold(local.data() + i * local_nodes.size(), local_nodes.size(), opt.entropy);
-      row[0] = p.m;
-      row[1] = p.s;
-      if (pf == 3) row[2] = p.u;
+      wire.put_partial(send, i, 0, fold(row, local_nodes.size(), opt.entropy));
     }
+    wire.put_target(send, i, target_z[i]);
   }
-  std::copy(target_z.begin(), target_z.end(), send.begin() + rows * width * pf);
 
   std::vector<float> recv;
-  const float* gathered = send.data();
+  std::span<const float> gathered = send;
   if (tp > 1) {
-    recv.resize(block * static_cast<std::size_t>(tp));
+    recv.resize(wire.block_floats() * static_cast<std::size_t>(tp));
     all_gather(comm, std::span<const float>(send), std::span<float>(recv));
-    gathered = recv.data();
+    gathered = recv;
   }
 
   // 5. Roots. Deterministic: every rank's cover nodes in rank order, one merge by the tree.
@@ -317,8 +305,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   out.lse.resize(static_cast<std::size_t>(rows));
   if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
   auto unpack = [&](int64_t rank, int64_t i, std::size_t j) {
-    const float* p = gathered + rank * block + (i * width + j) * pf;
-    return NodePartial{p[0], p[1], pf == 3 ? p[2] : 0.0f};
+    return wire.partial(wire.block_of(gathered, rank), i, j);
   };
   if (opt.deterministic) {
     std::vector<TreeNode> all_nodes;
@@ -337,8 +324,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     for (int64_t i = 0; i < rows; ++i) {
       canon::Partial acc = canon::identity_partial();
       for (int64_t r = 0; r < tp; ++r) {
-        const NodePartial p = unpack(r, i, 0);
-        acc = canon::merge(acc, canon::Partial{p.m, p.s, p.u}, opt.entropy);
+        acc = canon::merge(acc, unpack(r, i, 0), opt.entropy);
       }
       const canon::RootValues root = canon::finish_root(acc);
       out.lse[i] = root.lse;
@@ -348,14 +334,14 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
 
   // 6. logp: the target logit is copied from its owner's block, never summed.
   out.logp.assign(static_cast<std::size_t>(rows), 0.0f);
-  const float* targets_of = gathered + rows * width * pf;
   for (int64_t i = 0; i < rows; ++i) {
     if (!active_mask[i]) continue;
     if (owner[i] < 0) {  // out-of-range active target with validate=false
       out.logp[i] = canon::canonical_nan();
       continue;
     }
-    out.logp[i] = canon::selected_logp(targets_of[owner[i] * block + i], out.lse[i]);
+    out.logp[i] =
+        canon::selected_logp(wire.target(wire.block_of(gathered, owner[i]), i), out.lse[i]);
   }
 
   // 7. Active rows must have a finite LSE (checked after compute, identically on every rank).

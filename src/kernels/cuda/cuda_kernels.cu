@@ -33,7 +33,7 @@
 
 #include "detlogp/cuda.hpp"
 #include "detlogp/errors.hpp"
-#include "kernels/cpu/reference/validate.hpp"
+#include "kernels/common/validate.hpp"
 #include "kernels/cuda/exp_shift.hpp"
 #include "numerics/canon.hpp"
 
@@ -590,7 +590,7 @@ std::string CudaShardKernels::name() const {
 void CudaShardKernels::node_partials(const LogitsView& shard, const ShardSpec& spec,
                                      std::span<const TreeNode> nodes, bool with_entropy,
                                      std::span<NodePartial> out, const ExecOptions&) const {
-  cpu::validate_node_partials(shard, spec, nodes, out);
+  kernels::validate_node_partials(shard, spec, nodes, out);
   if (shard.rows == 0 || nodes.empty()) return;
   const bool any_data = shard.cols > 0;
   if (any_data) require_device_pointer(shard.data, "node_partials", "shard.data");
@@ -653,7 +653,7 @@ void CudaShardKernels::node_partials(const LogitsView& shard, const ShardSpec& s
 void CudaShardKernels::merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
                                    std::span<const NodePartial> partials, int64_t rows,
                                    RootsOut roots, const ExecOptions&) const {
-  cpu::validate_merge_roots(geometry, nodes, partials, rows, roots);
+  kernels::validate_merge_roots(geometry, nodes, partials, rows, roots);
   if (rows == 0) return;
   std::vector<int32_t> ops;
   int max_depth = 0;
@@ -706,7 +706,7 @@ void CudaShardKernels::merge_roots(const TileGeometry& geometry, std::span<const
 void CudaShardKernels::backward(const LogitsView& shard, const ShardSpec& spec,
                                 const BackwardInputs& in, const MutableLogitsView& grad,
                                 const ExecOptions&) const {
-  cpu::validate_backward(shard, spec, in, grad);
+  kernels::validate_backward(shard, spec, in, grad);
   if (shard.rows == 0 || shard.cols == 0) return;
   require_device_pointer(shard.data, "backward", "shard.data");
   require_device_pointer(grad.data, "backward", "grad.data");
@@ -776,8 +776,8 @@ void CudaShardKernels::read_target_logits(const LogitsView& shard, const ShardSp
                                           std::span<const int64_t> target_local,
                                           std::span<float> out) const {
   const char* kernel = "read_target_logits";
-  cpu::validate_shard(shard, spec, kernel);
-  cpu::validate_targets(shard, spec, target_local, kernel);
+  kernels::validate_shard(shard, spec, kernel);
+  kernels::validate_targets(shard, spec, target_local, kernel);
   if (static_cast<int64_t>(out.size()) != shard.rows) {
     throw ContractError("detlogp read_target_logits: out has " + std::to_string(out.size()) +
                         " entries, expected rows = " + std::to_string(shard.rows));

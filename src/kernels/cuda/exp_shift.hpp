@@ -27,21 +27,9 @@ DETLOGP_HD float det_exp_shift(float x) {
   const float y = x * K::kLog2e;
   const float shifted = y + kShift;  // rounds y to an integer, ties to even
   const float q = shifted - kShift;  // exact
-  float r = canon::fma_rn(-q, K::kLn2Hi, x);
-  r = canon::fma_rn(-q, K::kLn2Lo, r);
-  float p = K::kC6;
-  p = canon::fma_rn(p, r, K::kC5);
-  p = canon::fma_rn(p, r, K::kC4);
-  p = canon::fma_rn(p, r, K::kC3);
-  p = canon::fma_rn(p, r, K::kC2);
-  p = canon::fma_rn(p, r, 1.0f);
-  p = canon::fma_rn(p, r, 1.0f);
   const auto qi =
       static_cast<int32_t>(canon::bits_of(shifted)) - static_cast<int32_t>(canon::bits_of(kShift));
-  const int32_t q1 = qi >> 1;  // floor(q / 2)
-  const int32_t q2 = qi - q1;
-  const float out = (p * canon::pow2i(q1)) * canon::pow2i(q2);
-  return out < canon::kMinNormal ? 0.0f : out;
+  return canon::scale_pow2(canon::exp_reduced(x, q), qi);
 }
 
 }  // namespace detlogp::cuda_impl

@@ -22,6 +22,7 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/cuda.hpp"
+#include "detlogp/cuda_registry.hpp"
 #include "detlogp/errors.hpp"
 #include "detlogp/kernels.hpp"
 #include "detlogp/operator.hpp"

@@ -5,26 +5,23 @@
 //   leaf(t)            the tile's real columns, widened, divided by tau, canon::leaf_partial
 //   value(level, i)    leaf(i) at level 0, identity for tiles at or beyond T,
 //                      else canon::merge(value(level-1, 2i), value(level-1, 2i+1))
-//   root               rebuilt from given nodes by the same recursion, canon::finish_root
+//   root               rebuilt from given nodes by the same recursion (numerics/root_program.hpp),
+//                      canon::finish_root
 //   gradient           canon::grad_element per real column, +0 on padding, narrowed
 //
 // The SIMD kernels are tested bitwise against this file.
-#include <map>
-#include <utility>
 #include <vector>
 
 #include "detlogp/errors.hpp"
 #include "detlogp/kernels.hpp"
-#include "kernels/cpu/reference/element_io.hpp"
-#include "kernels/cpu/reference/validate.hpp"
+#include "kernels/common/validate.hpp"
 #include "numerics/canon.hpp"
+#include "numerics/element_io.hpp"
+#include "numerics/root_program.hpp"
 
 namespace detlogp {
 
 namespace {
-
-canon::Partial to_canon(const NodePartial& p) { return canon::Partial{p.m, p.s, p.u}; }
-NodePartial from_canon(const canon::Partial& p) { return NodePartial{p.m, p.s, p.u}; }
 
 // One row of a shard: z of a global column, and the leaf partial of a tile.
 class ShardRow {
@@ -34,14 +31,14 @@ class ShardRow {
 
   // z = fp32(x) / tau of a real global column held by the shard.
   float z(int64_t global_col) const {
-    const float x =
-        cpu::load_as_float(shard_.data, shard_.dtype, row_offset_ + global_col - spec_.vocab_start);
+    const float x = numerics::load_as_float(shard_.data, shard_.dtype,
+                                            row_offset_ + global_col - spec_.vocab_start);
     return canon::scale_logit(x, spec_.temperature);
   }
 
   // numerics.md "Leaf partial": over the tile's real columns only, in column order.
   canon::Partial leaf(int64_t tile, bool with_entropy) const {
-    const cpu::ColumnRange cols = cpu::tile_real_columns(spec_.geometry, tile);
+    const kernels::ColumnRange cols = kernels::tile_real_columns(spec_.geometry, tile);
     if (cols.begin >= cols.end) return canon::identity_partial();  // tile at or beyond T
     std::vector<float> z_tile;
     z_tile.reserve(static_cast<size_t>(cols.end - cols.begin));
@@ -63,41 +60,6 @@ class ShardRow {
   int64_t row_offset_;
 };
 
-// The root of one row rebuilt from given node partials (numerics.md "Distribution"):
-// value(level, index) = the given node if present, identity if the block starts at or beyond T,
-// else merge(value(children)).
-class RootBuilder {
- public:
-  RootBuilder(const TileGeometry& geometry, std::span<const TreeNode> nodes, bool with_entropy)
-      : real_tiles_(geometry.num_real_tiles()),
-        levels_(geometry.tree_levels()),
-        with_entropy_(with_entropy) {
-    for (size_t j = 0; j < nodes.size(); ++j) {
-      given_.emplace(std::make_pair(nodes[j].level, nodes[j].index), j);
-    }
-  }
-
-  canon::Partial root(std::span<const NodePartial> row_partials) const {
-    return value(levels_, 0, row_partials);
-  }
-
- private:
-  canon::Partial value(int level, int64_t index, std::span<const NodePartial> row) const {
-    const auto it = given_.find(std::make_pair(level, index));
-    if (it != given_.end()) return to_canon(row[it->second]);
-    if ((index << level) >= real_tiles_) return canon::identity_partial();
-    // validate_exact_cover guarantees a given node on the way down to every real leaf.
-    const canon::Partial left = value(level - 1, 2 * index, row);
-    const canon::Partial right = value(level - 1, 2 * index + 1, row);
-    return canon::merge(left, right, with_entropy_);
-  }
-
-  int64_t real_tiles_;
-  int levels_;
-  bool with_entropy_;
-  std::map<std::pair<int, int64_t>, size_t> given_;
-};
-
 class ReferenceKernels final : public ShardKernels {
  public:
   std::string name() const override { return "scalar-reference"; }
@@ -105,12 +67,12 @@ class ReferenceKernels final : public ShardKernels {
   void node_partials(const LogitsView& shard, const ShardSpec& spec,
                      std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
                      const ExecOptions& /*exec*/) const override {
-    cpu::validate_node_partials(shard, spec, nodes, out);
+    kernels::validate_node_partials(shard, spec, nodes, out);
     for (int64_t r = 0; r < shard.rows; ++r) {
       const ShardRow row(shard, spec, r);
       for (size_t j = 0; j < nodes.size(); ++j) {
         out[static_cast<size_t>(r) * nodes.size() + j] =
-            from_canon(row.node(nodes[j].level, nodes[j].index, with_entropy));
+            row.node(nodes[j].level, nodes[j].index, with_entropy);
       }
     }
   }
@@ -118,12 +80,16 @@ class ReferenceKernels final : public ShardKernels {
   void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
                    std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
                    const ExecOptions& /*exec*/) const override {
-    cpu::validate_merge_roots(geometry, nodes, partials, rows, roots);
+    kernels::validate_merge_roots(geometry, nodes, partials, rows, roots);
     const bool with_entropy = !roots.entropy.empty();
-    const RootBuilder builder(geometry, nodes, with_entropy);
+    const numerics::RootProgram program(geometry, nodes);
+    const std::span<const int32_t> ops = program.ops();
+    const auto num_ops = static_cast<int64_t>(ops.size());
     for (int64_t r = 0; r < rows; ++r) {
-      const canon::Partial root =
-          builder.root(partials.subspan(static_cast<size_t>(r) * nodes.size(), nodes.size()));
+      const NodePartial* row = partials.data() + static_cast<size_t>(r) * nodes.size();
+      const canon::Partial root = with_entropy
+                                      ? numerics::run_root_program<true>(ops.data(), num_ops, row)
+                                      : numerics::run_root_program<false>(ops.data(), num_ops, row);
       const canon::RootValues values = canon::finish_root(root);
       roots.lse[static_cast<size_t>(r)] = values.lse;
       if (with_entropy) roots.entropy[static_cast<size_t>(r)] = values.entropy;
@@ -132,7 +98,7 @@ class ReferenceKernels final : public ShardKernels {
 
   void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                 const MutableLogitsView& grad, const ExecOptions& /*exec*/) const override {
-    cpu::validate_backward(shard, spec, in, grad);
+    kernels::validate_backward(shard, spec, in, grad);
     const int64_t real_end = spec.geometry.real_vocab;
     for (int64_t r = 0; r < shard.rows; ++r) {
       const auto ri = static_cast<size_t>(r);
@@ -154,7 +120,7 @@ class ReferenceKernels final : public ShardKernels {
           value =
               canon::grad_element(row.z(global), c == target, lse, entropy, g, spec.temperature);
         }
-        cpu::store_from_float(grad.data, grad.dtype, r * grad.row_stride + c, value);
+        numerics::store_from_float(grad.data, grad.dtype, r * grad.row_stride + c, value);
       }
     }
   }
@@ -165,8 +131,8 @@ class ReferenceKernels final : public ShardKernels {
 void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
                         std::span<const int64_t> target_local, std::span<float> out) {
   const char* kernel = "read_target_logits";
-  cpu::validate_shard(shard, spec, kernel);
-  cpu::validate_targets(shard, spec, target_local, kernel);
+  kernels::validate_shard(shard, spec, kernel);
+  kernels::validate_targets(shard, spec, target_local, kernel);
   if (static_cast<int64_t>(out.size()) != shard.rows) {
     throw ContractError("detlogp read_target_logits: out has " + std::to_string(out.size()) +
                         " entries, expected rows = " + std::to_string(shard.rows));
@@ -178,7 +144,7 @@ void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
       out[ri] = 0.0f;
       continue;
     }
-    const float x = cpu::load_as_float(shard.data, shard.dtype, r * shard.row_stride + t);
+    const float x = numerics::load_as_float(shard.data, shard.dtype, r * shard.row_stride + t);
     // NaN payloads differ between devices: a NaN target logit is written as the canonical NaN.
     out[ri] = canon::canonicalize(canon::scale_logit(x, spec.temperature));
   }

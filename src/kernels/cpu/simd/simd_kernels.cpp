@@ -16,9 +16,10 @@
 #include <vector>
 
 #include "detlogp/kernels.hpp"
-#include "kernels/cpu/reference/validate.hpp"
+#include "kernels/common/validate.hpp"
 #include "kernels/cpu/simd/simd_kernels.hpp"
 #include "numerics/canon.hpp"
+#include "numerics/root_program.hpp"
 
 namespace detlogp {
 namespace {
@@ -78,74 +79,6 @@ void parallel_rows(int64_t rows, int threads, const Fn& fn) {
   }
 }
 
-// The root of one row from the partials of nodes that cover [0, T): the canonical tree,
-// evaluated top-down (a subtree that is a given node takes its partial, a subtree of padding
-// tiles is the identity, any other is the merge of its children).
-class RootPlan {
- public:
-  RootPlan(const TileGeometry& geometry, std::span<const TreeNode> nodes)
-      : real_tiles_(geometry.num_real_tiles()) {
-    for (size_t j = 0; j < nodes.size(); ++j) {
-      index_.push_back(Entry{nodes[j].level, nodes[j].index, static_cast<int64_t>(j)});
-    }
-    std::sort(index_.begin(), index_.end());
-    root_ = build(geometry.tree_levels(), 0);
-  }
-
-  template <bool kEntropy>
-  canon::Partial evaluate(const NodePartial* row) const {
-    return eval<kEntropy>(root_, row);
-  }
-
- private:
-  struct Entry {
-    int32_t level;
-    int64_t index;
-    int64_t slot;
-    bool operator<(const Entry& o) const {
-      return level != o.level ? level < o.level : index < o.index;
-    }
-  };
-  // Op: slot >= 0: the given node's partial; slot == -1: identity; else merge(left, right).
-  struct Op {
-    int64_t slot;
-    int left, right;
-  };
-
-  int build(int level, int64_t index) {
-    const auto it = std::lower_bound(index_.begin(), index_.end(), Entry{level, index, 0});
-    Op op{-2, -1, -1};
-    if (it != index_.end() && it->level == level && it->index == index) {
-      op.slot = it->slot;
-    } else if ((index << level) >= real_tiles_) {
-      op.slot = -1;
-    } else if (level == 0) {
-      throw std::logic_error("merge_roots: the nodes do not cover the real tiles");  // validated
-    } else {
-      op.left = build(level - 1, 2 * index);
-      op.right = build(level - 1, 2 * index + 1);
-    }
-    ops_.push_back(op);
-    return static_cast<int>(ops_.size() - 1);
-  }
-
-  template <bool kEntropy>
-  canon::Partial eval(int i, const NodePartial* row) const {
-    const Op& op = ops_[static_cast<size_t>(i)];
-    if (op.slot >= 0) {
-      const NodePartial& p = row[op.slot];
-      return canon::Partial{p.m, p.s, p.u};
-    }
-    if (op.slot == -1) return canon::identity_partial();
-    return canon::merge<kEntropy>(eval<kEntropy>(op.left, row), eval<kEntropy>(op.right, row));
-  }
-
-  int64_t real_tiles_;
-  std::vector<Entry> index_;
-  std::vector<Op> ops_;
-  int root_ = -1;
-};
-
 class HighwayKernels final : public ShardKernels {
  public:
   explicit HighwayKernels(const simd::TargetOps& ops) : ops_(ops) {}
@@ -155,7 +88,7 @@ class HighwayKernels final : public ShardKernels {
   void node_partials(const LogitsView& shard, const ShardSpec& spec,
                      std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
                      const ExecOptions& exec) const override {
-    cpu::validate_node_partials(shard, spec, nodes, out);
+    kernels::validate_node_partials(shard, spec, nodes, out);
     if (shard.rows == 0 || nodes.empty()) return;
     simd::NodePartialsJob job;
     job.data = shard.data;
@@ -177,9 +110,11 @@ class HighwayKernels final : public ShardKernels {
   void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
                    std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
                    const ExecOptions& exec) const override {
-    cpu::validate_merge_roots(geometry, nodes, partials, rows, roots);
+    kernels::validate_merge_roots(geometry, nodes, partials, rows, roots);
     if (rows == 0) return;
-    const RootPlan plan(geometry, nodes);
+    const numerics::RootProgram program(geometry, nodes);
+    const std::span<const int32_t> ops = program.ops();
+    const auto num_ops = static_cast<int64_t>(ops.size());
     const bool with_entropy = !roots.entropy.empty();
     const size_t stride = nodes.size();
     const int threads = thread_count(exec, rows, static_cast<int64_t>(stride) * 256);
@@ -187,7 +122,8 @@ class HighwayKernels final : public ShardKernels {
       for (int64_t r = b; r < e; ++r) {
         const NodePartial* row = partials.data() + static_cast<size_t>(r) * stride;
         const canon::Partial root =
-            with_entropy ? plan.evaluate<true>(row) : plan.evaluate<false>(row);
+            with_entropy ? numerics::run_root_program<true>(ops.data(), num_ops, row)
+                         : numerics::run_root_program<false>(ops.data(), num_ops, row);
         const canon::RootValues v = canon::finish_root(root);
         roots.lse[static_cast<size_t>(r)] = v.lse;
         if (with_entropy) roots.entropy[static_cast<size_t>(r)] = v.entropy;
@@ -197,7 +133,7 @@ class HighwayKernels final : public ShardKernels {
 
   void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                 const MutableLogitsView& grad, const ExecOptions& exec) const override {
-    cpu::validate_backward(shard, spec, in, grad);
+    kernels::validate_backward(shard, spec, in, grad);
     if (shard.rows == 0 || shard.cols == 0) return;
     simd::BackwardJob job;
     job.data = shard.data;

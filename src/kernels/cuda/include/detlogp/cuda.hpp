@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA backend of the numerics canon (docs/cuda.md): shard kernels whose outputs equal the
-// CPU kernels' bit for bit, and the "cuda" platform backend of the registry.
+// CPU kernels' bit for bit. The "cuda" platform backend of the registry is declared in
+// detlogp/cuda_registry.hpp.
 //
 // Library target detlogp::cuda (built only when a CUDA compiler is found; the core library
 // never needs CUDA). The CUDA runtime is linked statically: a binary needs only the driver.
@@ -20,14 +21,9 @@
 #include <string>
 #include <string_view>
 
-#include "detlogp/capability.hpp"
 #include "detlogp/kernels.hpp"
-#include "detlogp/registry.hpp"
 
 namespace detlogp {
-
-inline constexpr std::string_view kCudaCanonicalBackendId = "cuda-canonical-vocab-parallel-logp";
-inline constexpr std::string_view kCudaCanonicalBackendName = "CUDA_CANONICAL_VOCAB_PARALLEL_LOGP";
 
 // Number of CUDA devices this process can use; 0 when there is none or no usable driver, with
 // the reason in *why (e.g. "cudaGetDeviceCount: no CUDA-capable device is detected").
@@ -70,14 +66,5 @@ class CudaShardKernels final : public ShardKernels {
 
 // A process-wide CudaShardKernels on the legacy default stream (built on first use).
 const ShardKernels& cuda_kernels();
-
-// The capability the cuda backend declares: the canon's (any TP/CP, padding, both mask modes,
-// LSE export, both determinism scopes, any tile width, temperature, bf16/fp16/fp32), production.
-BackendCapability cuda_capability();
-
-// Adds the cuda backend (kCudaCanonicalBackendName, id kCudaCanonicalBackendId) to the "cuda"
-// platform's contract candidate list. Its factory throws where no CUDA device exists, so that
-// dispatch there reports it as failed to load instead of handing it out.
-void register_cuda_backend(Registry& registry = Registry::global());
 
 }  // namespace detlogp

@@ -1,6 +1,6 @@
 #pragma once
-// Argument checks of the shard-local kernels (include/detlogp/kernels.hpp), shared by every CPU
-// implementation so that they reject the same inputs with the same messages. Each throws
+// Argument checks of the shard-local kernels (include/detlogp/kernels.hpp), shared by every
+// backend (CPU and CUDA) so that they reject the same inputs with the same messages. Each throws
 // detlogp::ContractError naming the kernel, the field, the bad value and the rule.
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 #include "detlogp/kernels.hpp"
 
-namespace detlogp::cpu {
+namespace detlogp::kernels {
 
 // The global column range [begin, end) of tile `tile`'s real columns (empty at or beyond T).
 struct ColumnRange {
@@ -55,4 +55,4 @@ void validate_backward(const LogitsView& shard, const ShardSpec& spec, const Bac
 void validate_targets(const LogitsView& shard, const ShardSpec& spec,
                       std::span<const int64_t> target_local, const char* kernel);
 
-}  // namespace detlogp::cpu
+}  // namespace detlogp::kernels

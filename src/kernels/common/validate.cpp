@@ -1,5 +1,5 @@
-// Argument checks shared by the CPU kernels.
-#include "kernels/cpu/reference/validate.hpp"
+// Argument checks shared by every backend's kernels.
+#include "kernels/common/validate.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "detlogp/errors.hpp"
 
-namespace detlogp::cpu {
+namespace detlogp::kernels {
 
 namespace {
 
@@ -219,4 +219,4 @@ void validate_backward(const LogitsView& shard, const ShardSpec& spec, const Bac
   validate_targets(shard, spec, in.target_local, kernel);
 }
 
-}  // namespace detlogp::cpu
+}  // namespace detlogp::kernels

@@ -1,8 +1,8 @@
-// The "cuda" platform backend of the registry (docs/cuda.md): VocabParallelLogprob over
-// CudaShardKernels, with the canon's full capability. Kept out of builtin_backends.cpp so that
-// the core library never needs CUDA; a program linking detlogp::cuda calls
-// register_cuda_backend() once (or registers the backend itself).
+// The "cuda" platform backend of the registry (detlogp/cuda_registry.hpp).
+#include "detlogp/cuda_registry.hpp"
+
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -34,6 +34,11 @@ void register_cuda_backend(Registry& registry) {
                                                       std::string(kCudaCanonicalBackendId));
       }};
   registry.register_logprob_backend(cuda, cuda_capability(), "cuda");
+}
+
+void ensure_cuda_backend_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_cuda_backend(Registry::global()); });
 }
 
 }  // namespace detlogp

@@ -1,0 +1,79 @@
+#pragma once
+// One element of a logits or gradient buffer, read as fp32 or written from fp32, for every
+// logit dtype: the canon's one widening (exact: canon::bf16_to_float / fp16_to_float) and one
+// narrowing (round to nearest even, canonical NaNs: canon::float_to_bf16 / float_to_fp16 /
+// canonicalize). Host and device (the CUDA kernels compile it too); every scalar path of every
+// backend, and the tools, read and write elements through it.
+
+#include <cstdint>
+#include <cstring>
+
+#include "detlogp/dtype.hpp"
+#include "numerics/canon.hpp"
+
+namespace detlogp::numerics {
+
+// A 16-bit logit pattern of `dtype` (bf16 or fp16), widened exactly to fp32.
+DETLOGP_HD float widen_half(DType dtype, uint16_t h) {
+  return dtype == DType::bf16 ? canon::bf16_to_float(h) : canon::fp16_to_float(h);
+}
+
+// fp32 narrowed to a 16-bit pattern of `dtype` (bf16 or fp16).
+DETLOGP_HD uint16_t narrow_half(DType dtype, float value) {
+  return dtype == DType::bf16 ? canon::float_to_bf16(value) : canon::float_to_fp16(value);
+}
+
+// Element `index` (in elements, not bytes) of a buffer of `dtype`, widened exactly to fp32.
+template <DType kDType>
+DETLOGP_HD float load_as_float(const void* base, int64_t index) {
+  const auto* bytes = static_cast<const unsigned char*>(base);
+  if constexpr (kDType == DType::fp32) {
+    float f;
+    std::memcpy(&f, bytes + index * 4, sizeof f);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, bytes + index * 2, sizeof h);
+    return widen_half(kDType, h);
+  }
+}
+
+// Writes `value` narrowed to `dtype` (round to nearest even, canonical NaN) at element `index`.
+template <DType kDType>
+DETLOGP_HD void store_from_float(void* base, int64_t index, float value) {
+  auto* bytes = static_cast<unsigned char*>(base);
+  if constexpr (kDType == DType::fp32) {
+    const float f = canon::canonicalize(value);
+    std::memcpy(bytes + index * 4, &f, sizeof f);
+  } else {
+    const uint16_t h = narrow_half(kDType, value);
+    std::memcpy(bytes + index * 2, &h, sizeof h);
+  }
+}
+
+// The same with the dtype known only at run time.
+DETLOGP_HD float load_as_float(const void* base, DType dtype, int64_t index) {
+  switch (dtype) {
+    case DType::bf16:
+      return load_as_float<DType::bf16>(base, index);
+    case DType::fp16:
+      return load_as_float<DType::fp16>(base, index);
+    case DType::fp32:
+      break;
+  }
+  return load_as_float<DType::fp32>(base, index);
+}
+
+DETLOGP_HD void store_from_float(void* base, DType dtype, int64_t index, float value) {
+  switch (dtype) {
+    case DType::bf16:
+      return store_from_float<DType::bf16>(base, index, value);
+    case DType::fp16:
+      return store_from_float<DType::fp16>(base, index, value);
+    case DType::fp32:
+      break;
+  }
+  store_from_float<DType::fp32>(base, index, value);
+}
+
+}  // namespace detlogp::numerics
