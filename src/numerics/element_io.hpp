@@ -24,8 +24,17 @@ DETLOGP_HD uint16_t narrow_half(DType dtype, float value) {
 }
 
 // Element `index` (in elements, not bytes) of a buffer of `dtype`, widened exactly to fp32.
+// (Device code reads through typed pointers, one load instruction; host code through memcpy,
+// which makes no assumption about the buffer's alignment or declared type.)
 template <DType kDType>
 DETLOGP_HD float load_as_float(const void* base, int64_t index) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kDType == DType::fp32) {
+    return static_cast<const float*>(base)[index];
+  } else {
+    return widen_half(kDType, static_cast<const uint16_t*>(base)[index]);
+  }
+#else
   const auto* bytes = static_cast<const unsigned char*>(base);
   if constexpr (kDType == DType::fp32) {
     float f;
@@ -36,11 +45,19 @@ DETLOGP_HD float load_as_float(const void* base, int64_t index) {
     std::memcpy(&h, bytes + index * 2, sizeof h);
     return widen_half(kDType, h);
   }
+#endif
 }
 
 // Writes `value` narrowed to `dtype` (round to nearest even, canonical NaN) at element `index`.
 template <DType kDType>
 DETLOGP_HD void store_from_float(void* base, int64_t index, float value) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kDType == DType::fp32) {
+    static_cast<float*>(base)[index] = canon::canonicalize(value);
+  } else {
+    static_cast<uint16_t*>(base)[index] = narrow_half(kDType, value);
+  }
+#else
   auto* bytes = static_cast<unsigned char*>(base);
   if constexpr (kDType == DType::fp32) {
     const float f = canon::canonicalize(value);
@@ -49,6 +66,7 @@ DETLOGP_HD void store_from_float(void* base, int64_t index, float value) {
     const uint16_t h = narrow_half(kDType, value);
     std::memcpy(bytes + index * 2, &h, sizeof h);
   }
+#endif
 }
 
 // The same with the dtype known only at run time.
