@@ -40,8 +40,8 @@ PUBLIC = {
     "numerics.hpp": "numerics",
     "kernels.hpp": "kernels",
     "comm.hpp": "comm", "mpi_comm.hpp": "comm",
-    "operator.hpp": "op",
-    "registry.hpp": "registry",
+    "operator.hpp": "op", "fused.hpp": "op",
+    "registry.hpp": "registry", "fused_dispatch.hpp": "registry",
     "drift.hpp": "drift",
     "detlogp.hpp": "api",
 }

@@ -1,0 +1,43 @@
+#pragma once
+// Internal interface of the fused lm_head's dense kernels: the canonical fp32 dot products that
+// make logits, and the fma chains that make the two gradients (numerics/linear_canon.hpp).
+// One implementation per Highway target (dot_targets.cpp) plus the scalar reference
+// (dot_reference.cpp); every one returns the same bits, tested on every target this CPU has.
+// All inputs are fp32 (bf16 and fp16 are widened exactly before they get here).
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace detlogp::fused {
+
+// out[i * ldo + j] = canonical_dot(a + i * lda, b + j * ldb, k) for i < m, j < n.
+using DotTileFn = void (*)(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
+                           int64_t n, int64_t k, float* out, int64_t ldo);
+
+// For i < ni and h < width: acc = (from_zero ? +0 : y[i * ldy + h]); then for j = 0 .. nj-1 in
+// order acc = fma(coef[i * ci + j * cj], v[j * ldv + h], acc); y[i * ldy + h] = acc.
+// (Each output element is one scalar chain, so any vector width gives the same bits.)
+using ChainFn = void (*)(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj,
+                         const float* v, int64_t ldv, int64_t width, float* y, int64_t ldy,
+                         bool from_zero);
+
+struct DotOps {
+  std::string name;         // "scalar-reference" or "highway:<TARGET>"
+  bool native_fma = false;  // false: fma emulated per lane (correct, slower)
+  DotTileFn dot_tile = nullptr;
+  ChainFn chain = nullptr;
+};
+
+// The scalar reference: the canon's definitions, element by element.
+const DotOps& reference_dot_ops();
+
+// Every Highway target compiled in and supported by this CPU, best first.
+const std::vector<DotOps>& simd_dot_ops();
+
+// "" or "simd": the best SIMD target; "scalar-reference" (or "reference"); a target name such as
+// "AVX2" or "highway:AVX2". Throws ContractError for a name this build or CPU does not offer.
+const DotOps& dot_ops_for(std::string_view kernel);
+
+}  // namespace detlogp::fused

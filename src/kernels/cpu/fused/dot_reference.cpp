@@ -1,0 +1,55 @@
+// The scalar reference of the fused lm_head's dense kernels: the canon's definitions, element
+// by element (numerics/linear_canon.hpp). Slow and obviously right; the SIMD targets are tested
+// bitwise against it.
+#include <fmt/format.h>
+
+#include "detlogp/errors.hpp"
+#include "kernels/cpu/fused/dot_kernels.hpp"
+#include "numerics/linear_canon.hpp"
+
+namespace detlogp::fused {
+namespace {
+
+void reference_dot_tile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
+                        int64_t n, int64_t k, float* out, int64_t ldo) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j)
+      out[i * ldo + j] = canon::canonical_dot(a + i * lda, b + j * ldb, k);
+  }
+}
+
+void reference_chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj,
+                     const float* v, int64_t ldv, int64_t width, float* y, int64_t ldy,
+                     bool from_zero) {
+  for (int64_t i = 0; i < ni; ++i) {
+    for (int64_t h = 0; h < width; ++h) {
+      float acc = from_zero ? 0.0f : y[i * ldy + h];
+      for (int64_t j = 0; j < nj; ++j)
+        acc = canon::chain_step(coef[i * ci + j * cj], v[j * ldv + h], acc);
+      y[i * ldy + h] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+const DotOps& reference_dot_ops() {
+  static const DotOps ops{"scalar-reference", true, &reference_dot_tile, &reference_chain};
+  return ops;
+}
+
+const DotOps& dot_ops_for(std::string_view kernel) {
+  if (kernel.empty() || kernel == "simd") return simd_dot_ops().front();
+  if (kernel == "scalar-reference" || kernel == "reference") return reference_dot_ops();
+  std::string known = "scalar-reference";
+  for (const DotOps& ops : simd_dot_ops()) {
+    if (ops.name == kernel || ops.name == "highway:" + std::string(kernel)) return ops;
+    known += ", " + ops.name;
+  }
+  throw ContractError(fmt::format(
+      "kernel '{}' is not available in this build on this CPU; pass one of: {} (or empty for the "
+      "best SIMD target)",
+      kernel, known));
+}
+
+}  // namespace detlogp::fused

@@ -1,0 +1,275 @@
+// The fused lm_head's dense kernels on SIMD vectors, compiled once per Highway target. Every
+// lane performs exactly the fma/add sequence of the scalar canon (numerics/linear_canon.hpp):
+//
+// - Dot products: the canon's 16 accumulator lanes are kDotLanes / N vectors of N lanes (1 with
+//   AVX-512, 2 with AVX2, 4 with SSE4), so element k lands in canon lane k mod 16 whatever N is.
+//   A register block of MR hidden rows x NR weight rows shares every load; the k tail is run on
+//   zero-filled copies, which is the canon's +0 * +0 padding. The fold's first steps (h >= N) are
+//   vector adds of whole registers, the rest is the canon's scalar fold on the stored lanes.
+// - Gradient chains: each output element is its own fma chain, vectorised along the hidden
+//   dimension; a block of MI outputs shares each loaded vector, and the hidden dimension is cut
+//   into chunks that stay in L1 while every output block runs its chain over them.
+//
+// fma is the hardware instruction where Highway's MulAdd is fused (HWY_NATIVE_FMA), std::fma
+// per lane otherwise. Never compiled with fast-math or FP contraction (-ffp-contract=off).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/fused/dot_kernels.hpp"
+#include "numerics/linear_canon.hpp"
+
+// Same target set as the shard kernels (kernels/cpu/simd/simd_targets.cpp).
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/fused/dot_targets.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway headers after foreach_target.h.
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace detlogp::fused {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR
+
+using DF = hn::CappedTag<float, canon::kDotLanes>;
+using VF = hn::Vec<DF>;
+
+constexpr int64_t kN = static_cast<int64_t>(hn::MaxLanes(DF()));
+constexpr int kKV = static_cast<int>(canon::kDotLanes / kN);  // vectors per 16 canon lanes
+static_assert(kN * kKV == canon::kDotLanes, "the vector length must divide 16");
+
+// Register blocks: MR x NR dot products of kKV accumulators each (12 or 16 registers).
+constexpr int kMR = kKV >= 4 ? 1 : (kKV == 2 ? 2 : 4);
+constexpr int kNR = kKV == 1 ? 4 : 3;
+// Gradient chains: kMI outputs x kU vectors per block, over hidden chunks of kHC floats.
+constexpr int kMI = 4;
+constexpr int kU = 2;
+constexpr int64_t kHC = 256;
+
+// a * b + c with one rounding.
+HWY_INLINE VF Fma(VF a, VF b, VF c) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(a, b, c);
+#else
+  const DF d;
+  HWY_ALIGN float A[kN];
+  HWY_ALIGN float B[kN];
+  HWY_ALIGN float C[kN];
+  hn::Store(a, d, A);
+  hn::Store(b, d, B);
+  hn::Store(c, d, C);
+  for (int64_t i = 0; i < kN; ++i) A[i] = std::fma(A[i], B[i], C[i]);
+  return hn::Load(d, A);
+#endif
+}
+
+// One 16-element chunk of MR x NR dot products.
+template <int MR, int NR>
+HWY_INLINE void DotChunk(const float* const* a, const float* const* b, int64_t at,
+                         VF (&acc)[MR][NR][kKV]) {
+  const DF d;
+  for (int v = 0; v < kKV; ++v) {
+    VF av[MR];
+    for (int r = 0; r < MR; ++r) av[r] = hn::LoadU(d, a[r] + at + v * kN);
+    for (int c = 0; c < NR; ++c) {
+      const VF bv = hn::LoadU(d, b[c] + at + v * kN);
+      for (int r = 0; r < MR; ++r) acc[r][c][v] = Fma(av[r], bv, acc[r][c][v]);
+    }
+  }
+}
+
+// The canon's lane fold of one dot product's accumulators: h = 8 .. N as whole-vector adds,
+// then h = N/2 .. 1 on the stored lanes.
+HWY_INLINE float FoldLanes(VF (&v)[kKV]) {
+  const DF d;
+  for (int w = kKV; w > 1; w /= 2) {
+    for (int j = 0; j < w / 2; ++j) v[j] = hn::Add(v[j], v[j + w / 2]);
+  }
+  HWY_ALIGN float lane[kN];
+  hn::Store(v[0], d, lane);
+  for (int64_t h = kN / 2; h >= 1; h /= 2) {
+    for (int64_t j = 0; j < h; ++j) lane[j] = lane[j] + lane[j + h];
+  }
+  return canon::canonicalize(lane[0]);
+}
+
+template <int MR, int NR>
+HWY_INLINE void DotBlock(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k,
+                         float* out, int64_t ldo) {
+  const DF d;
+  VF acc[MR][NR][kKV];
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) {
+      for (int v = 0; v < kKV; ++v) acc[r][c][v] = hn::Zero(d);
+    }
+  }
+  const float* ar[MR];
+  const float* bc[NR];
+  for (int r = 0; r < MR; ++r) ar[r] = a + r * lda;
+  for (int c = 0; c < NR; ++c) bc[c] = b + c * ldb;
+  const int64_t full = k / canon::kDotLanes * canon::kDotLanes;
+  for (int64_t at = 0; at < full; at += canon::kDotLanes) DotChunk<MR, NR>(ar, bc, at, acc);
+  if (full < k) {  // the canon's zero padding up to a multiple of 16
+    HWY_ALIGN float ta[MR][canon::kDotLanes] = {};
+    HWY_ALIGN float tb[NR][canon::kDotLanes] = {};
+    const auto tail = static_cast<size_t>(k - full) * sizeof(float);
+    const float* pa[MR];
+    const float* pb[NR];
+    for (int r = 0; r < MR; ++r) {
+      std::memcpy(ta[r], ar[r] + full, tail);
+      pa[r] = ta[r];
+    }
+    for (int c = 0; c < NR; ++c) {
+      std::memcpy(tb[c], bc[c] + full, tail);
+      pb[c] = tb[c];
+    }
+    DotChunk<MR, NR>(pa, pb, 0, acc);
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) out[r * ldo + c] = FoldLanes(acc[r][c]);
+  }
+}
+
+template <int MR>
+HWY_INLINE void DotRows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
+                        int64_t k, float* out, int64_t ldo) {
+  int64_t j = 0;
+  for (; j + kNR <= n; j += kNR) DotBlock<MR, kNR>(a, lda, b + j * ldb, ldb, k, out + j, ldo);
+  for (; j < n; ++j) DotBlock<MR, 1>(a, lda, b + j * ldb, ldb, k, out + j, ldo);
+}
+
+void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
+             int64_t k, float* out, int64_t ldo) {
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR) DotRows<kMR>(a + i * lda, lda, b, ldb, n, k, out + i * ldo, ldo);
+  for (; i < m; ++i) DotRows<1>(a + i * lda, lda, b, ldb, n, k, out + i * ldo, ldo);
+}
+
+// MI outputs x kU vectors of one hidden chunk, chains over all nj.
+template <int MI>
+HWY_INLINE void ChainBlock(const float* coef, int64_t ci, int64_t cj, int64_t nj, const float* v,
+                           int64_t ldv, float* y, int64_t ldy, bool from_zero) {
+  const DF d;
+  VF acc[MI][kU];
+  for (int i = 0; i < MI; ++i) {
+    for (int u = 0; u < kU; ++u) {
+      acc[i][u] = from_zero ? hn::Zero(d) : hn::LoadU(d, y + i * ldy + u * kN);
+    }
+  }
+  for (int64_t j = 0; j < nj; ++j) {
+    VF vv[kU];
+    for (int u = 0; u < kU; ++u) vv[u] = hn::LoadU(d, v + j * ldv + u * kN);
+    for (int i = 0; i < MI; ++i) {
+      const VF c = hn::Set(d, coef[i * ci + j * cj]);
+      for (int u = 0; u < kU; ++u) acc[i][u] = Fma(c, vv[u], acc[i][u]);
+    }
+  }
+  for (int i = 0; i < MI; ++i) {
+    for (int u = 0; u < kU; ++u) hn::StoreU(acc[i][u], d, y + i * ldy + u * kN);
+  }
+}
+
+void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, const float* v,
+           int64_t ldv, int64_t width, float* y, int64_t ldy, bool from_zero) {
+  constexpr int64_t kStep = kU * kN;
+  const int64_t vec_width = width / kStep * kStep;
+  for (int64_t h0 = 0; h0 < vec_width; h0 += kHC) {
+    const int64_t h1 = h0 + kHC < vec_width ? h0 + kHC : vec_width;
+    int64_t i = 0;
+    for (; i + kMI <= ni; i += kMI) {
+      for (int64_t h = h0; h < h1; h += kStep) {
+        ChainBlock<kMI>(coef + i * ci, ci, cj, nj, v + h, ldv, y + i * ldy + h, ldy, from_zero);
+      }
+    }
+    for (; i < ni; ++i) {
+      for (int64_t h = h0; h < h1; h += kStep) {
+        ChainBlock<1>(coef + i * ci, ci, cj, nj, v + h, ldv, y + i * ldy + h, ldy, from_zero);
+      }
+    }
+  }
+  // Hidden tail: the same chains one element at a time.
+  for (int64_t i = 0; i < ni; ++i) {
+    for (int64_t h = vec_width; h < width; ++h) {
+      float acc = from_zero ? 0.0f : y[i * ldy + h];
+      for (int64_t j = 0; j < nj; ++j) {
+        acc = canon::chain_step(coef[i * ci + j * cj], v[j * ldv + h], acc);
+      }
+      y[i * ldy + h] = acc;
+    }
+  }
+}
+
+const DotOps* GetDotOps() {
+  static const DotOps ops{std::string("highway:") + hwy::TargetName(HWY_TARGET),
+                          HWY_NATIVE_FMA != 0, &DotTile, &Chain};
+  return &ops;
+}
+
+#else  // HWY_TARGET == HWY_SCALAR: the single-lane fallback is the scalar reference itself.
+
+const DotOps* GetDotOps() {
+  static const DotOps ops = [] {
+    DotOps o = reference_dot_ops();
+    o.name = std::string("highway:") + hwy::TargetName(HWY_TARGET);
+    return o;
+  }();
+  return &ops;
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace detlogp::fused
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace detlogp::fused {
+
+HWY_EXPORT(GetDotOps);
+
+namespace {
+
+// The targets compiled in and supported by this CPU, best first, read from Highway's dispatch
+// table without touching its global target choice (as the shard kernels do).
+std::vector<DotOps> collect_dot_ops() {
+  std::vector<DotOps> result;
+  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  for (int64_t rest = targets; rest != 0; rest &= rest - 1) {
+    const int64_t target = rest & -rest;  // lowest bit = best remaining target
+    size_t index = 0;
+#if (HWY_TARGETS & (HWY_TARGETS - 1)) != 0
+    if (target == HWY_EMU128 || target == HWY_SCALAR) {
+      index = HWY_MAX_DYNAMIC_TARGETS + 1;  // the fallback entry
+    } else {
+      index = hwy::Num0BitsBelowLS1Bit_Nonzero64(
+          static_cast<uint64_t>(HWY_CHOSEN_TARGET_SHIFT(target)));
+    }
+#endif
+    const auto fn = HWY_DISPATCH_TABLE(GetDotOps)[index];
+    if (fn == nullptr) continue;
+    const DotOps* ops = fn();
+    if (ops->name != std::string("highway:") + hwy::TargetName(target)) continue;
+    result.push_back(*ops);
+  }
+  if (result.empty()) result.push_back(reference_dot_ops());
+  return result;
+}
+
+}  // namespace
+
+const std::vector<DotOps>& simd_dot_ops() {
+  static const std::vector<DotOps> ops = collect_dot_ops();
+  return ops;
+}
+
+}  // namespace detlogp::fused
+#endif  // HWY_ONCE

@@ -1,0 +1,117 @@
+// The fused lm_head's dense kernels on every SIMD target against the scalar canon: dot products
+// (every hidden size around the 16-lane chunks, underflow to -0, NaN and inf) and the gradient
+// chains (every width around the vector blocks, both coefficient layouts, continuing chains).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/fused/dot_kernels.hpp"
+#include "numerics/linear_canon.hpp"
+
+namespace detlogp::fused {
+namespace {
+
+std::vector<float> random_values(std::size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+std::vector<const DotOps*> every_kernel() {
+  std::vector<const DotOps*> k{&reference_dot_ops()};
+  for (const DotOps& ops : simd_dot_ops()) k.push_back(&ops);
+  return k;
+}
+
+uint32_t bits(float f) { return canon::bits_of(f); }
+
+TEST(FusedDotKernels, DotTilesMatchTheScalarCanonOnEveryTarget) {
+  for (int64_t k = 1; k <= 70; ++k) {
+    const int64_t m = 5, n = 7;
+    std::vector<float> a = random_values(static_cast<std::size_t>(m * k), 1 + k);
+    std::vector<float> b = random_values(static_cast<std::size_t>(n * k), 100 + k);
+    if (k == 33) {  // special values in some rows and columns
+      a[0] = std::numeric_limits<float>::quiet_NaN();
+      b[k] = std::numeric_limits<float>::infinity();
+      b[2 * k + 1] = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < k; ++j) {  // row 3: products that underflow to -0
+        a[3 * k + j] = -1e-30f;
+        b[4 * k + j] = 1e-30f;
+      }
+    }
+    for (const DotOps* ops : every_kernel()) {
+      std::vector<float> out(static_cast<std::size_t>(m * n));
+      ops->dot_tile(a.data(), k, m, b.data(), k, n, k, out.data(), n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          const float want = canon::canonical_dot(a.data() + i * k, b.data() + j * k, k);
+          ASSERT_EQ(bits(want), bits(out[i * n + j]))
+              << ops->name << " k=" << k << " (" << i << ", " << j << ")";
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedDotKernels, UnderflowingProductsKeepTheCanonsSignedZero) {
+  // Every product is -1e-60 in exact arithmetic: each lane's fma rounds to -0, and the canon's
+  // padding (k = 20 -> 32) turns lanes 4..15 back to +0 before the fold.
+  const int64_t k = 20;
+  std::vector<float> a(k, -1e-30f), b(k, 1e-30f);
+  for (const DotOps* ops : every_kernel()) {
+    float out = 1.0f;
+    ops->dot_tile(a.data(), k, 1, b.data(), k, 1, k, &out, 1);
+    EXPECT_EQ(bits(out), bits(canon::canonical_dot(a.data(), b.data(), k))) << ops->name;
+  }
+}
+
+TEST(FusedDotKernels, ChainsMatchTheScalarCanonOnEveryTarget) {
+  for (int64_t width : {1, 7, 8, 15, 16, 17, 31, 32, 33, 64, 257, 300}) {
+    const int64_t ni = 6, nj = 9;
+    const std::vector<float> coef = random_values(static_cast<std::size_t>(ni * nj), 7);
+    const std::vector<float> v = random_values(static_cast<std::size_t>(nj * width), 8);
+    const std::vector<float> y0 = random_values(static_cast<std::size_t>(ni * width), 9);
+    for (bool from_zero : {true, false}) {
+      for (bool transposed : {false, true}) {
+        const int64_t ci = transposed ? 1 : nj;
+        const int64_t cj = transposed ? ni : 1;
+        std::vector<float> want = y0;
+        reference_dot_ops().chain(coef.data(), ci, cj, ni, nj, v.data(), width, width, want.data(),
+                                  width, from_zero);
+        for (int64_t i = 0; i < ni; ++i) {  // the definition, element by element
+          for (int64_t h = 0; h < width; ++h) {
+            float acc = from_zero ? 0.0f : y0[i * width + h];
+            for (int64_t j = 0; j < nj; ++j)
+              acc = std::fma(coef[i * ci + j * cj], v[j * width + h], acc);
+            ASSERT_EQ(bits(acc), bits(want[i * width + h]));
+          }
+        }
+        for (const DotOps* ops : every_kernel()) {
+          std::vector<float> got = y0;
+          ops->chain(coef.data(), ci, cj, ni, nj, v.data(), width, width, got.data(), width,
+                     from_zero);
+          for (std::size_t e = 0; e < got.size(); ++e) {
+            ASSERT_EQ(bits(want[e]), bits(got[e])) << ops->name << " width=" << width << " e=" << e;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedDotKernels, EveryTargetOfThisCpuIsListedAndNamed) {
+  ASSERT_FALSE(simd_dot_ops().empty());
+  for (const DotOps& ops : simd_dot_ops()) {
+    EXPECT_EQ(ops.name.rfind("highway:", 0), 0u) << ops.name;
+    EXPECT_EQ(&dot_ops_for(ops.name), &ops);
+  }
+  EXPECT_EQ(&dot_ops_for("scalar-reference"), &reference_dot_ops());
+}
+
+}  // namespace
+}  // namespace detlogp::fused
