@@ -27,6 +27,7 @@ from ._enums import (IMPLEMENTATION_KINDS, RESERVED_DISPATCH_POLICIES, Determini
 from ._op import LogprobDispatchResult, LogprobForward, LogprobOp, cuda_status, get_logprob_op
 from ._registry import Backend, Registry, get_op, register_logprob_backend
 from ._drift import drift, drift_thresholds
+from ._fused import fused_kernel_names, fused_linear_logprobs, linear_logits
 
 __version__ = _detlogp.version()
 NUMERICS_VERSION = _detlogp.NUMERICS_VERSION
@@ -48,5 +49,5 @@ __all__ = [
     "DEFAULT_TILE_WIDTH", "CPU_CANONICAL_BACKEND_ID", "CPU_REFERENCE_BACKEND_ID",
     "CPU_BATCH_INVARIANT_BACKEND_ID", "CUDA_BUILT", "CUDA_CANONICAL_BACKEND_ID", "cuda_status",
     "Registry", "Backend", "register_logprob_backend", "get_op", "drift", "drift_thresholds",
-    "__version__",
+    "__version__", "fused_linear_logprobs", "linear_logits", "fused_kernel_names",
 ]

@@ -12,5 +12,7 @@ void bind_registry(pybind11::module_& m);
 void bind_drift(pybind11::module_& m);
 // The operator's checks that run before the transport (validation_bindings.cpp).
 void bind_validation(pybind11::module_& m);
+// The fused lm_head of include/detlogp/fused.hpp (fused_bindings.cpp).
+void bind_fused(pybind11::module_& m);
 
 }  // namespace detlogp_python

@@ -1,0 +1,211 @@
+"""The fused lm_head: logprobs straight from hidden states and this rank's lm_head weight shard.
+
+    logp, lse = detlogp.fused_linear_logprobs(hidden, weight_shard, targets, group=tp_group,
+                                              real_vocab=151936)
+    (logp.sum() + lse.sum()).backward()   # hidden.grad and weight_shard.grad
+
+The logits ``hidden @ weight.T`` are never held (one tile of W columns per block of rows per
+thread); the outputs are bit for bit those of ``get_logprob_op(contract)`` applied to
+``linear_logits(hidden, weight_shard)`` (docs/fused.md). ``hidden.grad`` is the full gradient
+(the sum over the whole vocabulary, exchanged over the TP group inside the op): identical on
+every rank, so it must not be all-reduced again. ``weight_shard.grad`` is this rank's shard's.
+"""
+
+import numpy as np
+
+from . import _detlogp
+from ._checks import check_bool, check_int
+from ._comm import communicator_for
+from ._contract import LogprobContract, MaskSpec, ShardingSpec
+from ._detlogp import LogprobContractError
+from ._op import _fail_with_group, _grad_array, _is_tensor, _targets, _torch, _torch_dtype_name
+
+__all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
+
+_NUMPY_DTYPES = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
+
+
+def fused_kernel_names():
+    """The dense kernels of this build and CPU: "scalar-reference", "highway:<TARGET>" ..."""
+    return list(_detlogp.fused_kernel_names())
+
+
+def _view(x, name):
+    """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
+    if _is_tensor(x):
+        if x.device.type != "cpu":
+            raise LogprobContractError(
+                f"{name} must be a CPU tensor (the fused lm_head runs on the CPU); got {x.device}")
+        dtype = _torch_dtype_name(x.dtype)
+        if dtype is None:
+            raise LogprobContractError(
+                f"{name} dtype {x.dtype} is not supported; expected torch.bfloat16, "
+                "torch.float16 or torch.float32")
+        if x.dim() != 2:
+            raise LogprobContractError(f"{name} must be 2-D; got shape {tuple(x.shape)}")
+        rows, cols = x.shape
+        s0, s1 = x.stride()
+        address = x.data_ptr()
+    elif isinstance(x, np.ndarray):
+        dtype = _NUMPY_DTYPES.get(x.dtype)
+        if dtype is None:
+            raise LogprobContractError(
+                f"{name} dtype {x.dtype} is not supported; expected float16 or float32 (bf16: "
+                "pass a torch.bfloat16 tensor)")
+        if x.ndim != 2:
+            raise LogprobContractError(f"{name} must be 2-D; got shape {x.shape}")
+        rows, cols = x.shape
+        item = x.itemsize
+        if any(s % item or s < 0 for s in x.strides):
+            raise LogprobContractError(
+                f"{name} strides {x.strides} must be non-negative multiples of the element size")
+        s0, s1 = x.strides[0] // item, x.strides[1] // item
+        address = x.__array_interface__["data"][0]
+    else:
+        raise LogprobContractError(
+            f"{name} must be a torch.Tensor or a numpy.ndarray; got {type(x).__name__}")
+    if cols > 1 and s1 != 1:
+        raise LogprobContractError(
+            f"{name} must be contiguous in its last dimension (any row stride); got strides "
+            f"{(s0, s1)} in elements: pass {name}.contiguous() if a copy is acceptable")
+    return (address, dtype, rows, cols, s0 if rows > 1 else max(s0, cols))
+
+
+def linear_logits(hidden, weight, *, threads=0, kernel=""):
+    """The canonical fp32 logits ``hidden @ weight.T`` (docs/numerics.md, "Fused lm_head"): the
+    reference the fused op is bitwise equal to, for debugging. A new fp32 tensor (torch input)
+    or array (NumPy input) of shape [tokens, weight rows]."""
+    hv = _view(hidden, "hidden")
+    wv = _view(weight, "weight")
+    if _is_tensor(hidden):
+        out = _torch().empty((hv[2], wv[2]), dtype=_torch().float32)
+    else:
+        out = np.empty((hv[2], wv[2]), dtype=np.float32)
+    _detlogp.linear_logits(hidden=hv, weight=wv, out=_view(out, "out"), threads=threads,
+                           kernel=kernel)
+    return out
+
+
+def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_width,
+                      temperature, ignore_index):
+    """A train contract for even shards of weight rows: padded vocab = local rows x TP, active
+    tokens those whose target is not ``ignore_index``."""
+    tp = 1 if comm is None else comm.size
+    rank = 0 if comm is None else comm.rank
+    local = weight_view[2]
+    padded = local * tp
+    real = padded if real_vocab is None else check_int(real_vocab, "real_vocab", "positive")
+    bounds = [(r * local, (r + 1) * local) for r in range(tp)]
+    active = [bool(t != ignore_index) for t in targets.tolist()]
+    kwargs = {} if tile_width is None else {"tile_width": tile_width}
+    return LogprobContract(
+        role="train", dtype=hidden_view[1],
+        mask=MaskSpec(num_tokens=len(active), active_mask=active, ignore_index=ignore_index),
+        sharding=ShardingSpec(tp_rank=rank, tp_world_size=tp, vocab_shard_bounds=bounds,
+                              real_vocab_size=real, padded_vocab_size=padded),
+        temperature=temperature, **kwargs)
+
+
+def _make_function():
+    torch = _torch()
+    from torch.autograd.function import once_differentiable
+
+    class FusedFunction(torch.autograd.Function):
+        """(hidden, weight) -> (logp, lse[, entropy]); backward: the C++ fused backward."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, run):
+            handle = run(hidden, weight)
+            ctx.handle = handle
+            ctx.save_for_backward(hidden, weight)  # keeps them alive; detects in-place changes
+            ctx.set_materialize_grads(False)
+            outs = [torch.from_numpy(handle.logp), torch.from_numpy(handle.lse)]
+            if handle.entropy is not None:
+                outs.append(torch.from_numpy(handle.entropy))
+            return tuple(outs)
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad_logp, grad_lse, grad_entropy=None):
+            hidden, weight = ctx.saved_tensors
+            want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            if grad_logp is None and grad_lse is None and grad_entropy is None:
+                return None, None, None
+            gh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if want_h else None
+            gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if want_w else None
+            ctx.handle.backward(
+                grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
+                grad_entropy=_grad_array(grad_entropy),
+                grad_hidden=None if gh is None else _view(gh, "grad_hidden"),
+                grad_weight=None if gw is None else _view(gw, "grad_weight"))
+            return gh, gw, None
+
+    return FusedFunction
+
+
+_FUNCTION = None
+
+
+def _function():
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _make_function()
+    return _FUNCTION
+
+
+def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=None, contract=None,
+                          entropy=False, temperature=1.0, tile_width=None, ignore_index=-100,
+                          validate=True, threads=0, kernel=""):
+    """``(logp, lse)`` or ``(logp, lse, entropy)`` (fp32 [tokens], replicated on every TP rank)
+    of ``softmax(hidden @ weight.T / temperature)`` over the real vocabulary.
+
+    ``hidden`` [tokens, H] and ``weight`` [local_vocab, H]: this rank's rows of the lm_head, in
+    bf16, fp16 or fp32 (the same dtype; CPU tensors or NumPy arrays). ``group``: the TP process
+    group (torch.distributed) or a detlogp Communicator; None for one rank. Without
+    ``contract``, the shards are taken as even (padded vocab = local_vocab x TP, rank r owning
+    rows [r * local_vocab, (r + 1) * local_vocab)), ``real_vocab`` (default: the padded size)
+    marks the padding rows, and tokens whose target is ``ignore_index`` are inactive. With
+    ``contract``, its sharding, mask, temperature and tile width are used as given.
+
+    Torch tensors that require grad get autograd: ``hidden.grad`` (the full gradient, already
+    summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
+    """
+    try:
+        check_bool(entropy, "entropy")
+        check_bool(validate, "validate")
+        threads = check_int(threads, "threads", "non-negative")
+        if not isinstance(kernel, str):
+            raise LogprobContractError(f"kernel must be a string; got {type(kernel).__name__}")
+        hv = _view(hidden, "hidden")
+        wv = _view(weight, "weight")
+        tg = _targets(targets)
+        if contract is None:
+            comm = None if group is None else communicator_for(group, 2)
+            contract = _default_contract(hv, wv, tg, comm, real_vocab, tile_width, temperature,
+                                         ignore_index)
+        elif not isinstance(contract, LogprobContract):
+            raise LogprobContractError("contract must be a LogprobContract")
+        comm = communicator_for(group, contract.sharding.tp_world_size)
+    except LogprobContractError as error:
+        _fail_with_group(group, error)
+        raise
+
+    def run(h, w):
+        return _detlogp.fused_forward(
+            hidden=_view(h, "hidden"), weight=_view(w, "weight"), owners=(h, w), targets=tg,
+            contract=contract._cpp, comm=comm, entropy=entropy, validate=validate,
+            threads=threads, kernel=kernel)
+
+    torch = _torch() if _is_tensor(hidden) else None
+    if (torch is not None and torch.is_grad_enabled()
+            and (hidden.requires_grad or (_is_tensor(weight) and weight.requires_grad))):
+        return _function().apply(hidden, weight, run)
+    if torch is not None:
+        hidden = hidden.detach()
+        weight = weight.detach() if _is_tensor(weight) else weight
+    handle = run(hidden, weight)
+    convert = torch.from_numpy if torch is not None else (lambda a: a)
+    outs = [convert(handle.logp), convert(handle.lse)]
+    if handle.entropy is not None:
+        outs.append(convert(handle.entropy))
+    return tuple(outs)
