@@ -33,6 +33,8 @@ struct RunOptions {
   std::string comm = "auto";   // auto | in-process | mpi
   std::string device = "cpu";  // cpu | cuda (device.hpp)
   bool json = false;
+  bool fused = false;     // the fused lm_head from hidden states (fused_run_command.cpp)
+  int64_t hidden = 4096;  // --fused: hidden size H
 };
 
 struct LogprobOptions {
@@ -72,6 +74,7 @@ struct BenchOptions {
 // Each returns the process exit code; bad input throws (ContractError, UsageError), which
 // main() reports and turns into exit 2.
 int run_command(const RunOptions& options, int* argc, char*** argv);
+int fused_run_command(const RunOptions& options);                         // run --fused
 int run_mpi_command(const RunOptions& options, int* argc, char*** argv);  // DETLOGP_CLI_WITH_MPI
 int logprob_command(const LogprobOptions& options);
 int drift_command(const DriftOptions& options);

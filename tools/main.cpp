@@ -44,6 +44,10 @@ void add_run(CLI::App& app, RunOptions& o) {
   app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
       ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object instead of the table");
+  app.add_flag("--fused", o.fused,
+               "the fused lm_head: hidden states and an lm_head weight instead of logits "
+               "(default --tokens 8)");
+  app.add_option("--hidden", o.hidden, "--fused: hidden size H")->capture_default_str();
 }
 
 void add_logprob(CLI::App& app, LogprobOptions& o) {
@@ -144,6 +148,10 @@ int main(int argc, char** argv) {
     }
     if (run->parsed()) {
       command = "detlogp run";
+      if (run_opts.fused) {
+        if (run->count("--tokens") == 0) run_opts.tokens = 8;
+        return fused_run_command(run_opts);
+      }
       return run_command(run_opts, &argc, &argv);
     }
     if (logprob->parsed()) {

@@ -52,7 +52,8 @@ void check_layout(Communicator& comm, const Layout& layout, DType dtype, const s
   EXPECT_EQ(bits(res.entropy), bits(ref.ranks[0].entropy)) << what;
   std::vector<float> gh(static_cast<std::size_t>(kRows * kH));
   std::vector<float> gw(static_cast<std::size_t>(b.size() * kH));
-  op.backward(res, {.grad_logp = g.grad_logp, .grad_lse = g.grad_lse, .grad_entropy = g.grad_entropy},
+  op.backward(res,
+              {.grad_logp = g.grad_logp, .grad_lse = g.grad_lse, .grad_entropy = g.grad_entropy},
               MutableLogitsView{gh.data(), DType::fp32, kRows, kH, kH},
               MutableLogitsView{gw.data(), DType::fp32, b.size(), kH, kH}, comm);
   EXPECT_EQ(bits(gh), bits(ref.grad_hidden[0])) << what << ": grad_hidden";
