@@ -173,6 +173,7 @@ struct Scratch {
   std::vector<float> w32;  // [W, H] the tile's weight rows in fp32 (bf16/fp16 inputs)
   std::vector<float> z;    // [row_block, W] the tile's logits
   std::vector<float> g;    // [row_block, W] their gradient
+  std::vector<float> gw;   // [W, H] grad_weight chains of one tile (a single row block)
   std::vector<NodePartial> leaf;
 };
 
@@ -597,12 +598,16 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
     const auto [t0, t1] = real_tiles_of(items[k].node, real_tiles);
     const int64_t local_first = t0 * w - f.local_start;
     const int64_t local_rows = std::min(t1 * w, f.geometry.real_vocab) - t0 * w;
-    // grad_weight chains of this item's rows: the output itself (fp32) or an fp32 scratch.
+    // grad_weight chains of this item's rows: the output itself (fp32), or an fp32 scratch of
+    // one tile when a single row block finishes every chain at once, else of the whole item.
+    const bool per_tile = want_weight && !weight_direct && rows <= f.row_block;
     std::vector<float> gw_scratch;
     float* gw = nullptr;
     int64_t ldgw = hs;
     if (want_weight) {
-      if (weight_direct) {
+      if (per_tile) {
+        s.gw.resize(static_cast<size_t>(w * hs));
+      } else if (weight_direct) {
         gw = static_cast<float*>(grad_weight.data) + local_first * grad_weight.row_stride;
         ldgw = grad_weight.row_stride;
       } else {
@@ -635,8 +640,12 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
         tile_gradient(f, r0, m, t, count, g_logp, g, s);
         if (want_weight) {
           // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.
-          f.ops->chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs,
-                       gw + (t * w - f.local_start - local_first) * ldgw, ldgw, r0 == 0);
+          float* y = per_tile ? s.gw.data() : gw + (t * w - f.local_start - local_first) * ldgw;
+          f.ops->chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs, y,
+                       ldgw, r0 == 0);
+          for (int64_t c = 0; per_tile && c < count; ++c) {
+            fused::narrow_row(y + c * hs, hs, grad_weight, t * w - f.local_start + c);
+          }
         }
         if (want_hidden) {
           std::vector<float> part = take(static_cast<size_t>(m * hs));
@@ -651,7 +660,7 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
         pool.push_back(std::move(sum));
       }
     }
-    if (want_weight && !weight_direct) {
+    if (want_weight && !weight_direct && !per_tile) {
       for (int64_t c = 0; c < local_rows; ++c) {
         fused::narrow_row(gw + c * hs, hs, grad_weight, local_first + c);
       }

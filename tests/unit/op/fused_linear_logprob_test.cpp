@@ -294,21 +294,24 @@ TEST(FusedLinearLogprob, Bf16GradientsAreTheFp32SumsRoundedOnce) {
   const FusedRun f32 =
       run_fused(p.hidden, p.weight, layout, p.targets, contract_options(), {.grads = grads});
   const FusedLinearLogprob op;
-  std::vector<uint16_t> gh(static_cast<std::size_t>(kRows * kH));
-  std::vector<uint16_t> gw(static_cast<std::size_t>(layout.padded * kH), 0xffff);
-  run_ranks(1, [&](Communicator& comm) {
-    const LogprobContract c =
-        make_contract(layout, 0, kRows, {.dtype = DType::bf16, .tile_width = kW});
-    const auto res = op.forward(whole(p.hidden), whole(p.weight), p.targets, c, comm);
-    op.backward(res, {.grad_logp = grads.grad_logp, .grad_lse = grads.grad_lse},
-                MutableLogitsView{gh.data(), DType::bf16, kRows, kH, kH},
-                MutableLogitsView{gw.data(), DType::bf16, layout.padded, kH, kH}, comm);
-  });
-  for (std::size_t i = 0; i < gh.size(); ++i) {
-    ASSERT_EQ(gh[i], canon::float_to_bf16(f32.grad_hidden[0][i])) << i;
-  }
-  for (std::size_t i = 0; i < gw.size(); ++i) {
-    ASSERT_EQ(gw[i], canon::float_to_bf16(f32.grad_weight[i])) << i;
+  for (int64_t rb : {3, 32}) {  // chains finished per item (several row blocks) or per tile
+    std::vector<uint16_t> gh(static_cast<std::size_t>(kRows * kH));
+    std::vector<uint16_t> gw(static_cast<std::size_t>(layout.padded * kH), 0xffff);
+    run_ranks(1, [&](Communicator& comm) {
+      const LogprobContract c =
+          make_contract(layout, 0, kRows, {.dtype = DType::bf16, .tile_width = kW});
+      const auto res =
+          op.forward(whole(p.hidden), whole(p.weight), p.targets, c, comm, {.row_block = rb});
+      op.backward(res, {.grad_logp = grads.grad_logp, .grad_lse = grads.grad_lse},
+                  MutableLogitsView{gh.data(), DType::bf16, kRows, kH, kH},
+                  MutableLogitsView{gw.data(), DType::bf16, layout.padded, kH, kH}, comm);
+    });
+    for (std::size_t i = 0; i < gh.size(); ++i) {
+      ASSERT_EQ(gh[i], canon::float_to_bf16(f32.grad_hidden[0][i])) << "rb=" << rb << " " << i;
+    }
+    for (std::size_t i = 0; i < gw.size(); ++i) {
+      ASSERT_EQ(gw[i], canon::float_to_bf16(f32.grad_weight[i])) << "rb=" << rb << " " << i;
+    }
   }
 }
 
