@@ -49,10 +49,11 @@ static_assert(kN * kKV == canon::kDotLanes, "the vector length must divide 16");
 // Register blocks: MR x NR dot products of kKV accumulators each (12 or 16 registers).
 constexpr int kMR = kKV >= 4 ? 1 : (kKV == 2 ? 2 : 4);
 constexpr int kNR = kKV == 1 ? 4 : 3;
-// Gradient chains: kMI outputs x kU vectors per block, over hidden chunks of kHC floats.
+// Gradient chains: kMI outputs x kU vectors per block (12 independent fma chains cover the fma
+// latency), over hidden chunks of kHC floats (a whole number of blocks) that stay in L1.
 constexpr int kMI = 4;
-constexpr int kU = 2;
-constexpr int64_t kHC = 256;
+constexpr int kU = 3;
+constexpr int64_t kHC = kU * kN * 8;
 
 // a * b + c with one rounding.
 HWY_INLINE VF Fma(VF a, VF b, VF c) {
