@@ -28,6 +28,7 @@ using namespace detlogp;
 struct Args {
   int64_t tokens = 512, hidden = 4096, vocab = 37984;
   int threads = 2, reps = 1;
+  int64_t row_block = 32;
   std::string dtype = "fp32";
   bool skip_peak = false;
 };
@@ -53,6 +54,8 @@ Args parse(int argc, char** argv) {
       a.threads = std::stoi(next());
     else if (k == "--reps")
       a.reps = std::stoi(next());
+    else if (k == "--row-block")
+      a.row_block = std::stoll(next());
     else if (k == "--dtype")
       a.dtype = next();
     else if (k == "--skip-peak")
@@ -65,9 +68,9 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-std::vector<uint8_t> random_matrix(DType dt, int64_t rows, int64_t cols, uint32_t seed,
+std::vector<uint8_t> random_matrix(DType dt, int64_t rows, int64_t cols, uint32_t salt,
                                    float scale) {
-  std::mt19937 gen(seed);
+  std::mt19937 gen(salt);
   std::normal_distribution<float> normal(0.0f, scale);
   const std::size_t n = static_cast<std::size_t>(rows * cols);
   std::vector<uint8_t> out(n * dtype_size(dt));
@@ -142,7 +145,8 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> gh(hidden.size()), gw(weight.size());
   FusedLogprobResult res;
   const double fwd_s = best_seconds(a.reps, [&] {
-    res = op.forward(hv, wv, targets, c, self, {.exec = {.threads = a.threads}});
+    res = op.forward(hv, wv, targets, c, self,
+                     {.exec = {.threads = a.threads}, .row_block = a.row_block});
   });
   const double bwd_s = best_seconds(a.reps, [&] {
     op.backward(res, {.grad_logp = g_logp},

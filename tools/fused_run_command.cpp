@@ -36,9 +36,9 @@ uint64_t mix(uint64_t x) {  // splitmix64
   return x ^ (x >> 31);
 }
 
-// A value in about N(0, scale^2) (sum of three uniforms) that is a pure function of the seed
-// and the element index, stored in `dtype`.
-void fill(std::vector<uint8_t>& out, DType dtype, int64_t rows, int64_t cols, uint64_t seed,
+// A value in about N(0, scale^2) (sum of three uniforms) that is a pure function of the run's
+// number and the element index, stored in `dtype`.
+void fill(std::vector<uint8_t>& out, DType dtype, int64_t rows, int64_t cols, uint64_t salt,
           double scale, int threads) {
   const std::size_t esz = dtype_size(dtype);
   out.resize(static_cast<std::size_t>(rows * cols) * esz);
@@ -46,7 +46,7 @@ void fill(std::vector<uint8_t>& out, DType dtype, int64_t rows, int64_t cols, ui
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t c = 0; c < cols; ++c) {
         const uint64_t i = static_cast<uint64_t>(r * cols + c);
-        const uint64_t h = mix(seed ^ mix(i));
+        const uint64_t h = mix(salt ^ mix(i));
         const double u = static_cast<double>(h & 0x1fffff) +
                          static_cast<double>((h >> 21) & 0x1fffff) +
                          static_cast<double>((h >> 42) & 0x1fffff);

@@ -12,8 +12,8 @@ from helpers import TORCH_DTYPES, assert_bitwise, contract
 REAL, PADDED, W, H, N = 200, 256, 32, 40, 9
 
 
-def make(dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
+def make(dtype, salt=0):
+    g = torch.Generator().manual_seed(salt)
     hidden = torch.randn(N, H, generator=g).to(TORCH_DTYPES[dtype])
     weight = (torch.randn(PADDED, H, generator=g) * 0.5).to(TORCH_DTYPES[dtype])
     weight[REAL:] = 3e4  # padding rows: never read

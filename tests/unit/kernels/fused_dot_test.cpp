@@ -14,8 +14,8 @@
 namespace detlogp::fused {
 namespace {
 
-std::vector<float> random_values(std::size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
+std::vector<float> random_values(std::size_t n, uint32_t salt) {
+  std::mt19937 gen(salt);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> v(n);
   for (float& x : v) x = normal(gen);

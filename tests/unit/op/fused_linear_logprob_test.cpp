@@ -23,16 +23,16 @@ ContractOptions contract_options(float temperature = 1.0f) {
   return ContractOptions{.tile_width = kW, .temperature = temperature};
 }
 
-std::vector<int64_t> make_targets(int64_t rows, uint32_t seed) {
-  std::mt19937 gen(seed);
+std::vector<int64_t> make_targets(int64_t rows, uint32_t salt) {
+  std::mt19937 gen(salt);
   std::uniform_int_distribution<int64_t> pick(0, kReal - 1);
   std::vector<int64_t> t(static_cast<std::size_t>(rows));
   for (auto& x : t) x = pick(gen);
   return t;
 }
 
-GradInputs make_grads(int64_t rows, bool entropy, uint32_t seed) {
-  std::mt19937 gen(seed);
+GradInputs make_grads(int64_t rows, bool entropy, uint32_t salt) {
+  std::mt19937 gen(salt);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   GradInputs g;
   for (int64_t i = 0; i < rows; ++i) {
@@ -49,9 +49,9 @@ struct Problem {
   std::vector<int64_t> targets;
 };
 
-Problem make_problem(DType dtype, int64_t rows, int64_t padded, uint32_t seed) {
-  Problem p{make_matrix(dtype, rows, kH, seed, 1.0f),
-            make_matrix(dtype, padded, kH, seed + 1, 0.5f), make_targets(rows, seed + 2)};
+Problem make_problem(DType dtype, int64_t rows, int64_t padded, uint32_t salt) {
+  Problem p{make_matrix(dtype, rows, kH, salt, 1.0f),
+            make_matrix(dtype, padded, kH, salt + 1, 0.5f), make_targets(rows, salt + 2)};
   // Padding rows hold huge values: they must never contribute.
   for (int64_t r = kReal; r < padded; ++r) {
     for (int64_t c = 0; c < kH; ++c) {

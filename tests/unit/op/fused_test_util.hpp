@@ -15,8 +15,8 @@
 namespace detlogp::testing {
 
 // A [rows, cols] matrix in `dtype` made from fp32 values narrowed with the canon's rounding.
-inline FullLogits make_matrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
+inline FullLogits make_matrix(DType dtype, int64_t rows, int64_t cols, uint32_t salt, float scale) {
+  std::mt19937 gen(salt);
   std::normal_distribution<float> normal(0.0f, scale);
   FullLogits m;
   m.dtype = dtype;

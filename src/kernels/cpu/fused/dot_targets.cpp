@@ -7,8 +7,9 @@
 //   zero-filled copies, which is the canon's +0 * +0 padding. The fold's first steps (h >= N) are
 //   vector adds of whole registers, the rest is the canon's scalar fold on the stored lanes.
 // - Gradient chains: each output element is its own fma chain, vectorised along the hidden
-//   dimension; a block of MI outputs shares each loaded vector, and the hidden dimension is cut
-//   into chunks that stay in L1 while every output block runs its chain over them.
+//   dimension; a block of MI outputs shares each loaded vector, and each column block of the
+//   values is packed into a contiguous panel that stays in L1 while every output block runs
+//   its chain over it.
 //
 // fma is the hardware instruction where Highway's MulAdd is fused (HWY_NATIVE_FMA), std::fma
 // per lane otherwise. Never compiled with fast-math or FP contraction (-ffp-contract=off).
@@ -50,10 +51,9 @@ static_assert(kN * kKV == canon::kDotLanes, "the vector length must divide 16");
 constexpr int kMR = kKV >= 4 ? 1 : (kKV == 2 ? 2 : 4);
 constexpr int kNR = kKV == 1 ? 4 : 3;
 // Gradient chains: kMI outputs x kU vectors per block (12 independent fma chains cover the fma
-// latency), over hidden chunks of kHC floats (a whole number of blocks) that stay in L1.
+// latency).
 constexpr int kMI = 4;
 constexpr int kU = 3;
-constexpr int64_t kHC = kU * kN * 8;
 
 // a * b + c with one rounding.
 HWY_INLINE VF Fma(VF a, VF b, VF c) {
@@ -182,18 +182,22 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
            int64_t ldv, int64_t width, float* y, int64_t ldy, bool from_zero) {
   constexpr int64_t kStep = kU * kN;
   const int64_t vec_width = width / kStep * kStep;
-  for (int64_t h0 = 0; h0 < vec_width; h0 += kHC) {
-    const int64_t h1 = h0 + kHC < vec_width ? h0 + kHC : vec_width;
+  // The rows of v are usually a whole hidden size apart (16 KiB for H = 4096): read in place,
+  // every row of a column block lands in the same L1 set. Each column block is first packed
+  // into a contiguous [nj, kStep] panel that stays in L1 while every output block runs over it.
+  std::vector<float> panel(static_cast<size_t>(nj * kStep));
+  for (int64_t h = 0; h < vec_width; h += kStep) {
+    for (int64_t j = 0; j < nj; ++j) {
+      std::memcpy(panel.data() + j * kStep, v + j * ldv + h, kStep * sizeof(float));
+    }
     int64_t i = 0;
     for (; i + kMI <= ni; i += kMI) {
-      for (int64_t h = h0; h < h1; h += kStep) {
-        ChainBlock<kMI>(coef + i * ci, ci, cj, nj, v + h, ldv, y + i * ldy + h, ldy, from_zero);
-      }
+      ChainBlock<kMI>(coef + i * ci, ci, cj, nj, panel.data(), kStep, y + i * ldy + h, ldy,
+                      from_zero);
     }
     for (; i < ni; ++i) {
-      for (int64_t h = h0; h < h1; h += kStep) {
-        ChainBlock<1>(coef + i * ci, ci, cj, nj, v + h, ldv, y + i * ldy + h, ldy, from_zero);
-      }
+      ChainBlock<1>(coef + i * ci, ci, cj, nj, panel.data(), kStep, y + i * ldy + h, ldy,
+                    from_zero);
     }
   }
   // Hidden tail: the same chains one element at a time.
