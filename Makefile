@@ -1,32 +1,54 @@
-# detlogp: two commands do all setup on a fresh Debian 12 machine (as root):
-#   make run    installs what is missing, builds, runs `detlogp run`
-#   make test   installs what is missing, builds, runs every test (unit, MPI, Python, ASan+UBSan)
-# `make bench` runs the benchmarks reported in docs/benchmarks.md.
+# detlogp: two commands do all setup on a fresh Debian 12 machine (docs/install.md):
+#   make run    checks the packages, builds the library and the command line, runs `detlogp run`
+#   make test   checks the packages, builds everything, runs every test (unit, MPI, CLI, Python,
+#               install, fuzz, GPU; then the unit tests under ASan+UBSan)
+# Missing Debian packages are installed when run as root; otherwise scripts/install-deps.sh
+# lists them and stops. `make bench` runs the benchmarks reported in docs/benchmarks.md.
 
 JOBS        ?= 2
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build build-asan run test test-unit test-asan bench format clean
+# What `detlogp run` needs: the core library and the command line, nothing else.
+RUN_OPTIONS  = -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_BUILD_TESTS=OFF -DDETLOGP_BUILD_BENCH=OFF \
+               -DDETLOGP_BUILD_PYTHON=OFF -DDETLOGP_WITH_MPI=OFF -DDETLOGP_WITH_CUDA=OFF
+# Everything: tests, benchmarks, MPI, Python, and CUDA when a CUDA compiler is found.
+FULL_OPTIONS = -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_BUILD_TESTS=ON -DDETLOGP_BUILD_BENCH=ON \
+               -DDETLOGP_BUILD_PYTHON=ON -DDETLOGP_WITH_MPI=ON -DDETLOGP_WITH_CUDA=AUTO
+
+.PHONY: all deps deps-run build build-cli build-asan run test test-unit bench format clean
 
 all: build
 
 deps:
-	@bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh all
 
+deps-run:
+	@bash scripts/install-deps.sh run
+
+# The full build (make test, make bench).
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(FULL_OPTIONS) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# The command line alone. A build tree that already exists keeps its options (after
+# `make test` it has everything, and the command line is already built).
+build-cli: deps-run
+	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(RUN_OPTIONS) $(CMAKE_FLAGS) >/dev/null; \
+	fi
+	@cmake --build $(BUILD) -j $(JOBS) --target detlogp_cli
 
 # Unit tests only, with AddressSanitizer and UndefinedBehaviorSanitizer.
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDETLOGP_SANITIZE=ON \
-	  -DDETLOGP_BUILD_TOOLS=OFF -DDETLOGP_BUILD_BENCH=OFF -DDETLOGP_WITH_MPI=OFF \
-	  -DDETLOGP_BUILD_PYTHON=OFF $(CMAKE_FLAGS) >/dev/null
+	  -DDETLOGP_BUILD_TESTS=ON -DDETLOGP_BUILD_TOOLS=OFF -DDETLOGP_BUILD_BENCH=OFF \
+	  -DDETLOGP_WITH_MPI=OFF -DDETLOGP_BUILD_PYTHON=OFF -DDETLOGP_WITH_CUDA=OFF \
+	  $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
-run: build
+run: build-cli
 	@./$(BUILD)/bin/detlogp run
 
 test: build build-asan
@@ -40,4 +62,4 @@ format:
 	@git ls-files '*.cpp' '*.hpp' '*.h' '*.cc' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-pip

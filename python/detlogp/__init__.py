@@ -15,7 +15,7 @@ See docs/python.md. The contract types keep the seed's class and field names
 ``LogprobContractError`` (a ValueError).
 """
 
-from . import _detlogp
+from ._native import _detlogp  # a clear ImportError for an extension built for another Python
 from ._comm import Communicator, SelfComm, TorchDistributedComm
 from ._contract import (LogprobBackendCapability, LogprobContract, LogprobOutputSpec, MaskSpec,
                         OutputSpec, ReductionSpec, ShardingSpec, even_bounds,
