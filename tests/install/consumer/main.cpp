@@ -20,15 +20,21 @@ int main() {
 
   detlogp::DispatchResult backend = detlogp::get_logprob_op(contract);
   detlogp::SelfComm comm;
-  const detlogp::LogitsView view{
-      .data = z.data(), .dtype = detlogp::DType::fp32, .rows = kRows, .cols = padded,
-      .row_stride = padded};
-  const detlogp::LogprobResult out = backend.op->forward(view, t, contract, comm, {.entropy = true});
+  const detlogp::LogitsView view{.data = z.data(),
+                                 .dtype = detlogp::DType::fp32,
+                                 .rows = kRows,
+                                 .cols = padded,
+                                 .row_stride = padded};
+  const detlogp::LogprobResult out =
+      backend.op->forward(view, t, contract, comm, {.entropy = true});
   const std::vector<float> ones(kRows, 1.0f);
   std::vector<float> grad(z.size());
   backend.op->backward(out, {.grad_logp = ones},
-                       {.data = grad.data(), .dtype = detlogp::DType::fp32, .rows = kRows,
-                        .cols = padded, .row_stride = padded});
+                       {.data = grad.data(),
+                        .dtype = detlogp::DType::fp32,
+                        .rows = kRows,
+                        .cols = padded,
+                        .row_stride = padded});
 
   int failures = 0;
   for (int64_t i = 0; i < kRows; ++i) {

@@ -34,12 +34,12 @@ inline detlogp::LogprobContract contract(const detlogp::VocabLayout& layout, int
       .role = detlogp::Role::train,
       .dtype = detlogp::DType::fp32,
       .mask = detlogp::MaskSpec::all_active(kRows),
-      .sharding = detlogp::ShardingSpec({.tp_rank = rank,
-                                         .tp_world_size =
-                                             static_cast<int64_t>(layout.vocab_shard_bounds.size()),
-                                         .vocab_shard_bounds = layout.vocab_shard_bounds,
-                                         .real_vocab_size = kReal,
-                                         .padded_vocab_size = layout.padded_vocab_size}),
+      .sharding = detlogp::ShardingSpec(
+          {.tp_rank = rank,
+           .tp_world_size = static_cast<int64_t>(layout.vocab_shard_bounds.size()),
+           .vocab_shard_bounds = layout.vocab_shard_bounds,
+           .real_vocab_size = kReal,
+           .padded_vocab_size = layout.padded_vocab_size}),
       .tile_width = 64,
   });
 }

@@ -35,22 +35,29 @@ int main(int argc, char** argv) {
 
   const detlogp::LogprobContract c1 = consumer::contract(whole, 0);
   detlogp::SelfComm self;
-  const detlogp::LogprobResult ref = detlogp::get_logprob_op(c1).op->forward(
-      {.data = z.data(), .dtype = detlogp::DType::fp32, .rows = kRows, .cols = padded,
-       .row_stride = padded},
-      t, c1, self, {.entropy = true});
+  const detlogp::LogprobResult ref =
+      detlogp::get_logprob_op(c1).op->forward({.data = z.data(),
+                                               .dtype = detlogp::DType::fp32,
+                                               .rows = kRows,
+                                               .cols = padded,
+                                               .row_stride = padded},
+                                              t, c1, self, {.entropy = true});
 
-  const detlogp::VocabRange mine = layout.vocab_shard_bounds[static_cast<std::size_t>(world.rank())];
+  const detlogp::VocabRange mine =
+      layout.vocab_shard_bounds[static_cast<std::size_t>(world.rank())];
   const detlogp::LogprobContract c = consumer::contract(layout, world.rank());
-  const detlogp::LogprobResult out = detlogp::get_logprob_op(c).op->forward(
-      {.data = z.data() + mine.start, .dtype = detlogp::DType::fp32, .rows = kRows,
-       .cols = mine.size(), .row_stride = padded},
-      t, c, world, {.entropy = true});
+  const detlogp::LogprobResult out =
+      detlogp::get_logprob_op(c).op->forward({.data = z.data() + mine.start,
+                                              .dtype = detlogp::DType::fp32,
+                                              .rows = kRows,
+                                              .cols = mine.size(),
+                                              .row_stride = padded},
+                                             t, c, world, {.entropy = true});
 
   const bool ok = same_bits(out.logp, ref.logp) && same_bits(out.lse, ref.lse) &&
                   same_bits(out.entropy, ref.entropy);
-  std::printf("rank %d of %lld (MPI, shard [%lld, %lld)): TP=%lld %s TP=1 bitwise\n",
-              world.rank(), static_cast<long long>(tp), static_cast<long long>(mine.start),
+  std::printf("rank %d of %lld (MPI, shard [%lld, %lld)): TP=%lld %s TP=1 bitwise\n", world.rank(),
+              static_cast<long long>(tp), static_cast<long long>(mine.start),
               static_cast<long long>(mine.end), static_cast<long long>(tp),
               ok ? "equals" : "DIFFERS FROM");
   return ok && tp > 1 ? 0 : 1;
