@@ -23,13 +23,15 @@ def test_built_for_this_interpreter():
 
 def test_install_into_a_prefix(tmp_path):
     build = os.environ.get("DETLOGP_BUILD_DIR")
+    site_dir = os.environ.get("DETLOGP_PYTHON_INSTALL_DIR")  # relative to the prefix
     cmake = shutil.which("cmake")
-    if not build or not cmake:
-        pytest.skip("DETLOGP_BUILD_DIR (set by ctest) and cmake are needed")
+    if not build or not site_dir or not cmake:
+        pytest.skip("DETLOGP_BUILD_DIR, DETLOGP_PYTHON_INSTALL_DIR (set by ctest) and cmake "
+                    "are needed")
     prefix = tmp_path / "prefix"
     subprocess.run([cmake, "--install", build, "--prefix", str(prefix), "--component",
                     "python"], check=True, capture_output=True, timeout=120)
-    site = prefix / "lib" / "python3" / "dist-packages"
+    site = prefix / site_dir
     assert (site / "detlogp" / "__init__.py").exists()
     env = dict(os.environ, PYTHONPATH=str(site))
     out = subprocess.run(
