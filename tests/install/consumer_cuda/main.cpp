@@ -5,10 +5,11 @@
 #include <string>
 
 #include <detlogp/cuda.hpp>
+#include <detlogp/cuda_registry.hpp>
 #include <detlogp/detlogp.hpp>
 
 int main() {
-  detlogp::register_cuda_backend();
+  detlogp::register_cuda_backend(detlogp::Registry::global());
   std::string why;
   const int devices = detlogp::cuda_device_count(&why);
   const std::string id = detlogp::cuda_capability().backend_id();
