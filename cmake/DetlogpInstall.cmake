@@ -5,7 +5,7 @@
 # Install components, for `cmake --install <build> --component <name>`:
 #   core    libdetlogp, include/detlogp/*.hpp, lib/cmake/detlogp/
 #   mpi     libdetlogp_mpi (its header, mpi_comm.hpp, is part of core's headers)
-#   cuda    libdetlogp_cuda and include/detlogp/cuda.hpp
+#   cuda    libdetlogp_cuda, include/detlogp/cuda.hpp and cuda_registry.hpp
 #   cli     bin/detlogp
 #   python  the detlogp Python package
 # Each library has its own export file, so that the core package never needs MPI or CUDA.
