@@ -22,11 +22,13 @@ from detlogp._call_cache import DEFAULT_CACHE, CallCache
 from detlogp._checks import check_bool, check_int
 from detlogp._contract import ReductionSpec, ShardingSpec, _temperature
 from detlogp._detlogp import LogprobContractError
+from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._layout import cover_of, cover_view, from_rows, to_rows
 from detlogp._op import _platform_of, _threads
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
-           "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE"]
+           "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE",
+           "fused_linear_logprobs", "linear_logits"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _REDUCTIONS = {True: ReductionSpec(), False: ReductionSpec(determinism_scope="fixed_topology")}

@@ -112,3 +112,9 @@ def test_bad_inputs_raise_contract_errors():
                                       tile_width=W)
     with pytest.raises(detlogp.LogprobContractError, match="not available"):
         detlogp.fused_linear_logprobs(hidden, weight, targets, kernel="no-such-kernel")
+
+
+def test_the_functional_torch_api_re_exports_the_fused_op():
+    import detlogp.torch as dt
+    assert dt.fused_linear_logprobs is detlogp.fused_linear_logprobs
+    assert dt.linear_logits is detlogp.linear_logits
