@@ -110,11 +110,11 @@ struct Logits {
   }
 };
 
-Logits make_logits(detlogp::DType dtype, int64_t rows, uint64_t seed) {
+Logits make_logits(detlogp::DType dtype, int64_t rows, uint64_t stream) {
   Logits l{dtype, rows, {}};
   const size_t n = static_cast<size_t>(rows * kPadded);
   l.bytes.resize(n * detlogp::dtype_size(dtype));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(stream);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (size_t i = 0; i < n; ++i) {
     const float v = normal(rng);

@@ -1,4 +1,4 @@
-// Operator benchmark under MPI (issue 4's measurements), Qwen3-8B shapes, bf16:
+// Operator benchmark under MPI, Qwen3-8B shapes, bf16:
 //   - bytes each rank sends per forward (preflight record + payload) against its shard's bytes;
 //   - preflight latency (median of repeated preflights);
 //   - forward and backward wall time of the whole TP group.
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     const detlogp::VocabRange b = layout.vocab_shard_bounds[static_cast<std::size_t>(rank)];
     const int64_t rows = tokens;
 
-    // This rank's shard of seeded bf16 logits (LLM-like: N(0, 2) plus a few large logits).
+    // This rank's shard of pseudo-random bf16 logits (LLM-like: N(0, 2) plus a few large logits).
     std::vector<uint16_t> shard(static_cast<std::size_t>(rows * b.size()));
     for (int64_t i = 0; i < rows; ++i) {
       std::mt19937 gen(static_cast<uint32_t>(i * 7919 + 1));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend's GPU check (issue 8, docs/cuda.md), for a GPU machine with CUDA, CMake and
+# The CUDA backend's GPU check (docs/cuda.md), for a GPU machine with CUDA, CMake and
 # PyTorch but none of detlogp's build dependencies: it only RUNS binaries built elsewhere by
 # scripts/gpu-bundle.sh. In a few minutes:
 #

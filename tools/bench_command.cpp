@@ -125,7 +125,8 @@ int bench_command(const BenchOptions& o) {
   const int64_t n = o.tokens;
   const int64_t v = megatron_padded_vocab(o.real_vocab, 1);
   const std::size_t esz = dtype_size(dtype);
-  const SyntheticSpec spec{.tokens = n, .real_vocab = o.real_vocab, .dtype = dtype, .seed = o.seed};
+  const SyntheticSpec spec{
+      .tokens = n, .real_vocab = o.real_vocab, .dtype = dtype, .key = o.batch_key};
 
   Progress progress(true);
   progress.step("[bench] generating synthetic logits...");

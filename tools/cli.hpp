@@ -27,7 +27,7 @@ struct RunOptions {
   int64_t cp = 1;
   int64_t tile_width = 128;
   int threads = 0;  // 0: all hardware threads, split across the ranks of a group
-  uint64_t seed = 2026;
+  uint64_t batch_key = 2026;
   float temperature = 1.0f;
   std::string backend = "auto";
   std::string comm = "auto";   // auto | in-process | mpi
@@ -66,7 +66,7 @@ struct BenchOptions {
   std::string dtype = "bf16";
   int threads = 0;
   int repeats = 5;
-  uint64_t seed = 2026;
+  uint64_t batch_key = 2026;
   std::string device = "cpu";
   bool json = false;
 };

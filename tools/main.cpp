@@ -34,7 +34,8 @@ void add_run(CLI::App& app, RunOptions& o) {
   app.add_option("--tile-width", o.tile_width, "vocab tile width W")->capture_default_str();
   app.add_option("--threads", o.threads, "threads in total (0: all hardware threads)")
       ->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of the synthetic batch")->capture_default_str();
+  app.add_option("--batch-key", o.batch_key, "key of the synthetic batch (same key, same batch)")
+      ->capture_default_str();
   app.add_option("--temperature", o.temperature, "scores use logits / temperature")
       ->capture_default_str();
   app.add_option("--backend", o.backend, "registry request: auto, production, reference or an id")
@@ -97,7 +98,7 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   app.add_option("--threads", o.threads, "threads (0: all)")->capture_default_str();
   app.add_option("--repeats", o.repeats, "timed repetitions (median reported)")
       ->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of the synthetic logits")->capture_default_str();
+  app.add_option("--batch-key", o.batch_key, "key of the synthetic logits")->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
       ->capture_default_str();
   app.add_flag("--json", o.json, "print JSON");

@@ -18,12 +18,12 @@
 namespace detlogp::cli {
 
 inline constexpr double kValueAtol = 1e-5;
-// Relative part of the logp and LSE bounds, scaled by |LSE| (issue 3's LSE accuracy,
+// Relative part of the logp and LSE bounds, scaled by |LSE| (the LSE accuracy goal,
 // 4e-6 max(1, |LSE|)): one fp32 rounding of an LSE near 200 is already 1.5e-5, and a small
 // temperature makes z = x / T, and so the LSE, large.
 inline constexpr double kValueRtol = 4e-6;
 inline constexpr double kGradAtol = 1e-5;  // divided by the temperature
-inline constexpr double kGradRtol = 1e-5;  // issue 3: gradients within 1e-6 + 1e-5 |ref|
+inline constexpr double kGradRtol = 1e-5;  // the goal: gradients within 1e-6 + 1e-5 |ref|
 
 struct RowInputs {
   std::span<const float> logits;  // the real columns, widened to fp32

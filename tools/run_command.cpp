@@ -1,4 +1,4 @@
-// `detlogp run`: the README's main job. A seeded synthetic Qwen3-shaped batch through the
+// `detlogp run`: the README's main job. A keyed synthetic Qwen3-shaped batch through the
 // registry at every requested TP degree on the in-process rank group (forward with entropy,
 // backward with all three gradients), checked bitwise across TP degrees and against a float64
 // reference. Under `mpirun ... detlogp run --comm mpi` the work goes to run_mpi.cpp.
@@ -108,7 +108,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   const DType dtype = parse_dtype(o.dtype, "--dtype");
   const int threads = resolve_threads(o.threads);
   const SyntheticSpec spec{
-      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .seed = o.seed};
+      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .key = o.batch_key};
 
   std::vector<VocabLayout> layouts;
   int64_t stride = o.real_vocab;  // one buffer wide enough for every TP degree's padding

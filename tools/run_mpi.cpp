@@ -131,7 +131,7 @@ int run_on_world(const RunOptions& o, const MpiComm& world) {
   const DType dtype = parse_dtype(o.dtype, "--dtype");
   const VocabLayout layout = run_layout(o.real_vocab, topo.tp, o.tile_width);
   const SyntheticSpec spec{
-      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .seed = o.seed};
+      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .key = o.batch_key};
   const int total_threads = resolve_threads(o.threads);
   const int threads = rank_threads(total_threads, n, me);
   const std::size_t esz = dtype_size(dtype);

@@ -43,8 +43,8 @@ std::string format_run_report(const RunReport& rep) {
   std::string out;
   out += fmt::format(
       "detlogp run: {} tokens ({} active) x {} real vocab, {}, tile width {}, temperature {}, "
-      "seed {}\n",
-      o.tokens, rep.active_tokens, o.real_vocab, o.dtype, o.tile_width, o.temperature, o.seed);
+      "batch key {}\n",
+      o.tokens, rep.active_tokens, o.real_vocab, o.dtype, o.tile_width, o.temperature, o.batch_key);
   const TpRunReport& first = rep.runs.front();
   out += fmt::format("backend {} -> {} (kernel {}), {} ({} process{}), {} thread{}\n", o.backend,
                      first.actual_backend, first.kernel, rep.comm, rep.world_size,
@@ -106,7 +106,7 @@ nlohmann::json run_report_json(const RunReport& rep) {
                   {"dtype", o.dtype},
                   {"tile_width", o.tile_width},
                   {"threads", rep.threads},
-                  {"seed", o.seed},
+                  {"batch_key", o.batch_key},
                   {"temperature", std::stod(fmt::format("{}", o.temperature))},
                   {"backend", o.backend}};
   j["active_tokens"] = rep.active_tokens;

@@ -24,9 +24,9 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
   return x;
 }
 
-// A 64-bit hash of (seed, stream, a, b); streams keep the uses apart.
-uint64_t hash(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
-  uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ULL * (stream + 1));
+// A 64-bit hash of (key, stream, a, b); streams keep the uses apart.
+uint64_t hash(uint64_t key, uint64_t stream, uint64_t a, uint64_t b) {
+  uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL * (stream + 1));
   h = mix64(h ^ (a * 0xd6e8feb86659fd93ULL));
   return mix64(h ^ (b + 0x632be59bd9b4e019ULL));
 }
@@ -35,11 +35,11 @@ double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }  //
 
 enum Stream : uint64_t { kBackgroundA, kBackgroundB, kLarge, kTarget, kGrads };
 
-float background(uint64_t seed, int64_t row, int64_t col) {
+float background(uint64_t key, int64_t row, int64_t col) {
   const uint64_t a =
-      hash(seed, kBackgroundA, static_cast<uint64_t>(row), static_cast<uint64_t>(col));
+      hash(key, kBackgroundA, static_cast<uint64_t>(row), static_cast<uint64_t>(col));
   const uint64_t b =
-      hash(seed, kBackgroundB, static_cast<uint64_t>(row), static_cast<uint64_t>(col));
+      hash(key, kBackgroundB, static_cast<uint64_t>(row), static_cast<uint64_t>(col));
   constexpr uint64_t kMask = (uint64_t{1} << 21) - 1;
   const uint64_t sum = (a & kMask) + ((a >> 21) & kMask) + ((a >> 42) & kMask) + (b & kMask) +
                        ((b >> 21) & kMask) + ((b >> 42) & kMask);
@@ -58,9 +58,9 @@ struct Large {
 Large large_logits(const SyntheticSpec& s, int64_t row) {
   Large l;
   const uint64_t r = static_cast<uint64_t>(row);
-  l.count = 3 + static_cast<int>(hash(s.seed, kLarge, r, 0) % 6);
+  l.count = 3 + static_cast<int>(hash(s.key, kLarge, r, 0) % 6);
   for (int k = 0; k < l.count; ++k) {
-    const uint64_t h = hash(s.seed, kLarge, r, static_cast<uint64_t>(k) + 1);
+    const uint64_t h = hash(s.key, kLarge, r, static_cast<uint64_t>(k) + 1);
     l.col[k] = static_cast<int64_t>(h % static_cast<uint64_t>(s.real_vocab));
     l.value[k] = static_cast<float>(8.0 + 12.0 * unit(mix64(h)));
   }
@@ -95,7 +95,7 @@ float round_trip(DType dtype, float v) {
 float synthetic_logit(const SyntheticSpec& spec, int64_t row, int64_t col) {
   if (col >= spec.real_vocab) return padding_value(col);
   const Large l = large_logits(spec, row);
-  float v = background(spec.seed, row, col);
+  float v = background(spec.key, row, col);
   for (int k = 0; k < l.count; ++k) {
     if (l.col[k] == col) v = l.value[k];  // the last one wins, as in fill_logits
   }
@@ -115,7 +115,7 @@ void fill_logits(const SyntheticSpec& spec, int64_t row_begin, int64_t row_end, 
       const int64_t row = row_begin + i;
       std::byte* dst = base + static_cast<std::size_t>(i * row_stride) * esz;
       for (int64_t c = col_begin; c < col_end; ++c) {
-        const float v = c < spec.real_vocab ? background(spec.seed, row, c) : padding_value(c);
+        const float v = c < spec.real_vocab ? background(spec.key, row, c) : padding_value(c);
         store(spec.dtype, v, dst + static_cast<std::size_t>(c - col_begin) * esz);
       }
       const Large l = large_logits(spec, row);
@@ -141,8 +141,8 @@ SyntheticRows synthetic_rows(const SyntheticSpec& spec, int64_t row_begin, int64
     const bool active = row % seq >= prompt;
     int64_t target = kIgnoreIndex;
     if (active) {
-      const uint64_t h = hash(spec.seed, kTarget, r, 0);
-      const uint64_t pick = hash(spec.seed, kTarget, r, 1);
+      const uint64_t h = hash(spec.key, kTarget, r, 0);
+      const uint64_t pick = hash(spec.key, kTarget, r, 1);
       target = static_cast<int64_t>(pick % real);  // uniform (and the background bucket)
       if (h % 4 != 0) {
         const Large l = large_logits(spec, row);
@@ -152,7 +152,7 @@ SyntheticRows synthetic_rows(const SyntheticSpec& spec, int64_t row_begin, int64
           w[k] = std::exp(static_cast<double>(round_trip(spec.dtype, l.value[k])));
           total += w[k];
         }
-        double u = unit(hash(spec.seed, kTarget, r, 2)) * total;
+        double u = unit(hash(spec.key, kTarget, r, 2)) * total;
         for (int k = 0; k < l.count; ++k) {
           if (u < w[k]) {
             target = l.col[k];
@@ -162,7 +162,7 @@ SyntheticRows synthetic_rows(const SyntheticSpec& spec, int64_t row_begin, int64
         }
       }
     }
-    const uint64_t g = hash(spec.seed, kGrads, r, 0);
+    const uint64_t g = hash(spec.key, kGrads, r, 0);
     rows.targets.push_back(target);
     rows.active.push_back(active);
     rows.grad_logp.push_back(static_cast<float>(static_cast<int64_t>(g % 2049) - 1024) / 1024.0f);

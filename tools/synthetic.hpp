@@ -1,7 +1,7 @@
 #pragma once
-// Seeded synthetic batches with LLM-like statistics, for `detlogp run` and `detlogp bench`.
+// Keyed synthetic batches with LLM-like statistics, for `detlogp run` and `detlogp bench`.
 //
-// Every value is a pure function of (seed, row, column), computed with integer hashing and
+// Every value is a pure function of (key, row, column), computed with integer hashing and
 // IEEE double arithmetic (the logits use no libm), so any block of the matrix can be generated
 // on its own (each MPI rank makes just its token slice x vocab shard) with the same bits:
 //   - background: N(0, 2^2) (an Irwin-Hall sum of six 21-bit uniforms, scaled);
@@ -26,7 +26,7 @@ struct SyntheticSpec {
   int64_t tokens = 0;
   int64_t real_vocab = 0;
   DType dtype = DType::bf16;
-  uint64_t seed = 0;
+  uint64_t key = 0;
 };
 
 inline constexpr int64_t kIgnoreIndex = -100;

@@ -1,6 +1,6 @@
 #pragma once
-// What a backend can serve (the seed's LogprobBackendCapability, seed-semantics.md section 1.9,
-// plus detlogp's tile widths, reduction orders and temperature support). Declared truthfully by
+// What a backend can serve (alias LogprobBackendCapability), including tile widths, reduction
+// orders and temperature support; docs/contract.md, "Backend capabilities". Declared truthfully by
 // each backend; the registry asks incompatibilities(contract) and never falls back silently.
 //
 //   detlogp::BackendCapability cap({.backend_id = "cpu-canonical",
@@ -51,7 +51,7 @@ struct CapabilityParams {
 
 class BackendCapability {
  public:
-  // Validates in the section 1.9 order, then tile_widths and reduction_orders.
+  // Validates in the field order of docs/contract.md, then tile_widths and reduction_orders.
   explicit BackendCapability(const CapabilityParams& params);
 
   const std::string& backend_id() const { return p_.backend_id; }

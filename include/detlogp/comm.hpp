@@ -5,7 +5,7 @@
 // it knows its rank and the group size, all-gathers equal-size byte buffers and synchronises
 // at a barrier. That is all. It never adds, averages or compares floats: every reduction of
 // the numerics canon happens in the operator, on every rank, in the same order (see
-// shared/design/numerics.md, "Distribution"), so the bits do not depend on the transport.
+// docs/numerics.md, "Distribution"), so the bits do not depend on the transport.
 //
 // Transports:
 //   SelfComm          size 1; all_gather copies send into recv.
@@ -124,7 +124,7 @@ class InProcessGroup {
 // InProcessGroup(n, options).run(fn).
 void run_ranks(int n, const std::function<void(Communicator&)>& fn, InProcessOptions options = {});
 
-// The rank map of a TP x CP (x DP) layout (seed-semantics.md section 9): TP groups are
+// The rank map of a TP x CP (x DP) layout (the usual Megatron order): TP groups are
 // contiguous blocks of tp ranks; then CP; DP outermost.
 //   tp_rank = r % tp,  cp_rank = (r / tp) % cp,  dp_rank = r / (tp * cp).
 struct RankPlacement {

@@ -1,6 +1,6 @@
 #pragma once
 // The logprob contract: a typed, validated description of one selected-token logprob request
-// (shared/reference/seed-semantics.md section 1, with detlogp's additions: tile width,
+// (docs/contract.md, with detlogp's additions to the original contract: tile width,
 // canonical_tile_tree order, temperature, numerics version). See docs/contract.md.
 //
 // Every type is an immutable value built from a plain params struct, so call sites read well
@@ -44,7 +44,7 @@ struct VocabRange {
 };
 
 // ---------------------------------------------------------------------------------------------
-// ShardingSpec: which TP rank holds which vocabulary columns (section 1.2).
+// ShardingSpec: which TP rank holds which vocabulary columns.
 
 struct ShardingParams {
   Required<int64_t> tp_rank;
@@ -94,7 +94,7 @@ class ShardingSpec {
 };
 
 // ---------------------------------------------------------------------------------------------
-// MaskSpec: which tokens are scored (section 1.3). Inactive tokens get logp exactly 0 and their
+// MaskSpec: which tokens are scored. Inactive tokens get logp exactly 0 and their
 // targets are unconstrained (they may hold ignore_index or anything else).
 
 struct MaskParams {
@@ -129,11 +129,11 @@ class MaskSpec {
 };
 
 // ---------------------------------------------------------------------------------------------
-// ReductionSpec: how the vocab-parallel partials merge (section 1.4). Normative math: columns
+// ReductionSpec: how the vocab-parallel partials merge. Normative math: columns
 // [real, padded) never contribute; per partial fp32 (m, s); partials move by all-gather (a
 // collective never does arithmetic); every rank merges in the same fixed order; identity
 // partial (-inf, 0); downcast only at the final write. detlogp's default order is the canonical
-// tile tree of shared/design/numerics.md.
+// tile tree of docs/numerics.md.
 
 struct ReductionParams {
   Merge merge = Merge::max_sumexp;
@@ -175,7 +175,7 @@ class ReductionSpec {
 };
 
 // ---------------------------------------------------------------------------------------------
-// OutputSpec (the seed's LogprobOutputSpec, section 1.5): fp32 outputs, replicated on every TP
+// OutputSpec (alias LogprobOutputSpec): fp32 outputs, replicated on every TP
 // rank.
 
 struct OutputParams {
@@ -206,7 +206,7 @@ class OutputSpec {
 using LogprobOutputSpec = OutputSpec;
 
 // ---------------------------------------------------------------------------------------------
-// LogprobContract (section 1.6 plus detlogp's fields).
+// LogprobContract: the request itself, with detlogp's tile width and temperature.
 
 // Tile width used when neither tile_width nor num_vocab_tiles is given.
 inline constexpr int64_t kDefaultTileWidth = 128;
@@ -223,8 +223,8 @@ struct ContractParams {
   bool export_lse = true;  // must be true (the vocab-domain LSE is always exported)
   // Scores are computed on logits / temperature. Finite and > 0.
   float temperature = 1.0f;
-  // Vocab tile width W. Give at most one of the two; neither means W = 128. The seed's
-  // num_vocab_tiles = n means W = padded_vocab_size / n and must divide it exactly.
+  // Vocab tile width W. Give at most one of the two; neither means W = 128. The tile-count
+  // form num_vocab_tiles = n means W = padded_vocab_size / n and must divide it exactly.
   std::optional<int64_t> tile_width = std::nullopt;
   std::optional<int64_t> num_vocab_tiles = std::nullopt;
 };
@@ -282,7 +282,7 @@ std::optional<std::string> tile_alignment_problem(const LogprobContract& contrac
 // ---------------------------------------------------------------------------------------------
 // Shard-bound helpers. All throw ContractError on non-positive arguments.
 
-// The seed's even bounds: shard = padded / tp, the last rank takes the remainder.
+// Even bounds: shard = padded / tp, the last rank takes the remainder.
 // Qwen3 at TP=2: {{0, 76032}, {76032, 152064}}.
 std::vector<VocabRange> even_bounds(int64_t padded_vocab_size, int64_t tp_world_size);
 

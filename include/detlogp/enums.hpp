@@ -1,5 +1,5 @@
 #pragma once
-// String-valued enums of the logprob contract (shared/reference/seed-semantics.md section 1.0).
+// String-valued enums of the logprob contract (docs/contract.md, "Enums").
 //
 // Every enum prints to and parses from its lowercase value string; parsing is case-sensitive
 // and a bad value throws ContractError naming the field and listing the allowed values:
@@ -23,7 +23,7 @@ enum class Role : std::uint8_t { train, infer };
 enum class Merge : std::uint8_t { max_sumexp };
 enum class MergeAxis : std::uint8_t { tp_vocab };
 // canonical_tile_tree: the numerics canon (fixed tile width, binary tree over tiles; bitwise
-// equal across TP degrees). global_vocab_shard_index: the seed's order (fixed tile count, merge
+// equal across TP degrees). global_vocab_shard_index: the original order (fixed tile count, merge
 // in global tile order). Backends declare which orders they implement.
 enum class ReductionOrder : std::uint8_t { global_vocab_shard_index, canonical_tile_tree };
 enum class Transport : std::uint8_t { all_gather };
@@ -31,7 +31,7 @@ enum class DowncastPoint : std::uint8_t { final_write };
 enum class Engine : std::uint8_t { in_op_reference };
 enum class TPPlacement : std::uint8_t { replicated };
 // fixed_topology: bitwise-reproducible at one TP degree. cross_tp_bitwise: additionally
-// bitwise equal across TP degrees (seed-semantics.md section 1.1).
+// bitwise equal across TP degrees.
 enum class DeterminismScope : std::uint8_t { fixed_topology, cross_tp_bitwise };
 enum class MaskMode : std::uint8_t { explicit_active_mask, ignore_index };
 // A backend's tier; determinism is a separate axis (DeterminismScope).

@@ -1,5 +1,5 @@
 #pragma once
-// Shard-local kernels of the numerics canon (shared/design/numerics.md): no communication.
+// Shard-local kernels of the numerics canon (docs/numerics.md): no communication.
 //
 // A shard is the [rows, cols] block of logits one TP rank holds: global vocabulary columns
 // [vocab_start, vocab_start + cols). The vocabulary is cut into tiles of W columns; a shard
@@ -72,7 +72,8 @@ class ShardKernels {
  public:
   virtual ~ShardKernels() = default;
 
-  // "scalar-reference", or "highway:<TARGET>" for the SIMD implementation.
+  // "scalar-reference", "highway:<TARGET>" for the SIMD implementation, or "cuda:sm_<XY>" for
+  // the CUDA kernels.
   virtual std::string name() const = 0;
 
   // For every row and every node of `nodes` (tiles inside the shard, e.g. its canonical cover),

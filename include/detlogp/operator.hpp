@@ -1,5 +1,5 @@
 #pragma once
-// The vocab-parallel selected-token logprob operator (seed-semantics.md section 4).
+// The vocab-parallel selected-token logprob operator (docs/operator.md).
 //
 // Each TP rank passes its shard of the logits [tokens, local_vocab] and the target ids; every
 // rank gets the same fp32 logp, LSE (and entropy) for every token, and backward gives each rank
@@ -120,7 +120,7 @@ class VocabParallelLogprob final : public LogprobOp {
   std::string backend_id_;
 };
 
-// A single-shard, batch-invariant logprob in the style of the seed's WS1 op: per row an fp32
+// The single-shard batch-invariant logprob (no vocabulary parallelism): per row an fp32
 // max, a left-to-right sum of exp(z - max) and a log, in an order fixed by the vocabulary width
 // alone. Not the canon (its bits differ from VocabParallelLogprob's), TP = 1 only, no entropy;
 // its capability says so (fixed_topology only, no padding, no LSE export).

@@ -1,5 +1,5 @@
 #pragma once
-// Contract-aware dispatch (seed-semantics.md sections 2 and 3).
+// Contract-aware dispatch (docs/dispatch.md).
 //
 // A caller states what it needs (a LogprobContract) and gets a backend whose declared
 // capability fits it, or a std::runtime_error listing why every candidate was rejected; never a
@@ -13,7 +13,9 @@
 // Anything else is an exact, case-sensitive backend id. "deterministic" is not a policy:
 // determinism is requested with ReductionSpec::determinism_scope.
 
+#include <array>
 #include <functional>
+
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,10 +29,11 @@
 
 namespace detlogp {
 
-// Platforms with a candidate list. "cuda" stays empty until a CUDA backend exists.
+// Platforms with a candidate list. "cuda" stays empty until a program registers the CUDA
+// backend (detlogp::register_cuda_backend, docs/cuda.md); the CLI and Python do.
 inline constexpr std::array<std::string_view, 2> kPlatforms = {"cpu", "cuda"};
 
-// A backend as the registry knows it: a stable name (the seed's enum name, e.g.
+// A backend as the registry knows it: a stable enum-style name (e.g.
 // "CPU_CANONICAL_VOCAB_PARALLEL_LOGP") and a factory. The factory may throw: the backend then
 // counts as failed to load, is never retried in this registry, and dispatch moves on.
 struct Backend {
@@ -63,8 +66,9 @@ class Registry {
   // The process-wide registry. Thread-safe, like every member function.
   static Registry& global();
 
-  // Contract dispatch (section 3.2). Throws ContractError for a bad request (blank, or
-  // "deterministic") and std::runtime_error when no candidate fits.
+  // Contract dispatch. Throws ContractError for a bad request (blank, or "deterministic") and
+  // std::runtime_error when no candidate fits. A retired backend id (kRetiredBackendIds) is
+  // accepted and resolved to its current id.
   DispatchResult get_logprob_op(const LogprobContract& contract,
                                 std::string_view requested_backend = "auto",
                                 std::string_view platform = "cpu");
@@ -79,11 +83,11 @@ class Registry {
                                 std::string_view platform = "cpu", bool prepend = false);
 
   // Adds a backend to a contract candidate list WITHOUT a capability (dispatch then records
-  // "no LogprobBackendCapability declared" for it). Mirrors the seed's lists that start as a
-  // copy of the legacy priority list.
+  // "no LogprobBackendCapability declared" for it), for contract lists that start as a copy
+  // of the legacy priority list.
   void add_contract_candidate(const Backend& backend, std::string_view platform = "cpu");
 
-  // Legacy path (section 3.3): a per-(op type, platform) priority list, first backend that
+  // Legacy path: a per-(op type, platform) priority list, first backend that
   // instantiates wins; "No functional backend found for <op> on <platform>" otherwise.
   void register_legacy_backend(std::string_view op_type, const Backend& backend,
                                std::string_view platform = "cpu", bool prepend = false);
@@ -114,6 +118,20 @@ void register_logprob_backend(const Backend& backend,
 // Built-in backend ids.
 inline constexpr std::string_view kCpuCanonicalBackendId = "cpu-canonical-vocab-parallel-logp";
 inline constexpr std::string_view kCpuReferenceBackendId = "cpu-reference-vocab-parallel-logp";
-inline constexpr std::string_view kCpuBatchInvariantBackendId = "cpu-batch-invariant-logp-ws1";
+// The single-shard batch-invariant backend (BatchInvariantLogprob).
+inline constexpr std::string_view kCpuBatchInvariantBackendId =
+    "cpu-single-shard-batch-invariant-logp";
+
+// Retired backend ids still accepted as requested_backend, each with the id it resolves to.
+// Kept for one release after the rename (docs/dispatch.md, "Retired backend ids").
+struct RetiredBackendId {
+  std::string_view retired;
+  std::string_view current;
+};
+inline constexpr std::array<RetiredBackendId, 1> kRetiredBackendIds = {
+    {{"cpu-batch-invariant-logp-ws1", kCpuBatchInvariantBackendId}}};
+
+// The current id for a retired one; any other request unchanged.
+std::string_view resolve_retired_backend_id(std::string_view requested_backend);
 
 }  // namespace detlogp

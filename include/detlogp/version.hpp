@@ -1,6 +1,6 @@
 #pragma once
 // Library and numerics versions. The numerics version names the canon
-// (shared/design/numerics.md): it changes only when the bits detlogp computes change, and it
+// (docs/numerics.md): it changes only when the bits detlogp computes change, and it
 // travels in provenance and in the cross-rank preflight so ranks running different canons
 // refuse to merge.
 

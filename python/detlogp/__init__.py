@@ -10,8 +10,8 @@ or, with the contract built and cached internally, on N-D logits and a loss mask
     from detlogp.torch import vocab_parallel_logprobs
     logp = vocab_parallel_logprobs(logits[:, :-1], input_ids[:, 1:], group=tp_group)
 
-See docs/python.md. The contract types keep the seed's class and field names
-(shared/reference/seed-semantics.md section 1); every validation failure raises
+See docs/python.md. The contract types keep the class and field names listed in
+docs/contract.md, "Compatibility"; every validation failure raises
 ``LogprobContractError`` (a ValueError).
 """
 

@@ -1,4 +1,4 @@
-"""Python-side type checks (seed-semantics.md section 1, "Python-only checks").
+"""Python-side type checks (docs/python.md, "Python-only checks").
 
 Only what the C++ type system would otherwise absorb is checked here: bools are not integers,
 ``1`` is not a bool, a float is not an integer, an integer must fit in int64. Value rules

@@ -1,6 +1,7 @@
-"""The logprob contract types (seed-semantics.md section 1; docs/contract.md).
+"""The logprob contract types (docs/contract.md, docs/python.md).
 
-Immutable value types with the seed's class and field names. Each constructor does the
+Immutable value types with the class and field names of docs/contract.md, "Compatibility".
+Each constructor does the
 Python-side type checks (_checks.py) and hands the values to the C++ library, which validates
 everything else and raises LogprobContractError with the same messages as in C++. ``to_dict()``
 is the C++ ``to_json()`` parsed, and ``cross_rank_fingerprint()`` is the C++ one, so a Python
@@ -101,7 +102,7 @@ def _bounds(value):
 
 
 class ShardingSpec(_Frozen):
-    """Which TP rank holds which vocabulary columns (section 1.2)."""
+    """Which TP rank holds which vocabulary columns."""
 
     __slots__ = ()
 
@@ -194,7 +195,7 @@ def _bool_bytes(value):
 
 
 class MaskSpec(_Frozen):
-    """Which tokens are scored (section 1.3). Inactive tokens get logp exactly 0."""
+    """Which tokens are scored. Inactive tokens get logp exactly 0."""
 
     __slots__ = ()
 
@@ -255,9 +256,9 @@ _REDUCTION_FIELDS = (
 
 
 class ReductionSpec(_Frozen):
-    """How the vocab-parallel partials merge (section 1.4). Defaults shown; strings accepted.
+    """How the vocab-parallel partials merge. Defaults shown; strings accepted.
 
-    detlogp's default ``order`` is ``canonical_tile_tree`` (the seed's
+    detlogp's default ``order`` is ``canonical_tile_tree`` (the fixed-tile-count
     ``global_vocab_shard_index`` stays legal; backends declare which orders they implement).
     """
 
@@ -296,7 +297,7 @@ class ReductionSpec(_Frozen):
 
 
 class LogprobOutputSpec(_Frozen):
-    """fp32 outputs, replicated on every TP rank (section 1.5)."""
+    """fp32 outputs, replicated on every TP rank."""
 
     __slots__ = ()
 
@@ -337,9 +338,9 @@ def _temperature(value):
 
 
 class LogprobContract(_Frozen):
-    """One selected-token logprob request (section 1.6 plus detlogp's fields).
+    """One selected-token logprob request, with detlogp's tile width and temperature.
 
-    ``reduction=None`` / ``output=None`` mean the defaults. ``tile_width`` (W) or the seed's
+    ``reduction=None`` / ``output=None`` mean the defaults. ``tile_width`` (W) or the tile count
     ``num_vocab_tiles`` (W = padded / n) give the vocab tile width; neither means W = 128.
     Scores are computed on ``logits / temperature`` (in fp32: the temperature is rounded to
     float32 once, and ``.temperature`` returns that value).
@@ -366,7 +367,8 @@ class LogprobContract(_Frozen):
             raise LogprobContractError("output must be a LogprobOutputSpec")
         if export_lse is not True:
             raise LogprobContractError(
-                "export_lse must be True for the WS2 vocab-domain LSE drift contract")
+                "export_lse must be True: the vocab-parallel contract always exports the "
+                "vocab-domain LSE (for drift checks)")
         tile_width = check_optional_int(tile_width, "tile_width", "positive")
         num_vocab_tiles = check_optional_int(num_vocab_tiles, "num_vocab_tiles", "positive")
         temperature = _temperature(temperature)
@@ -387,7 +389,7 @@ class LogprobContract(_Frozen):
     temperature = property(lambda self: self._cpp.temperature)
     #: The resolved vocab tile width W.
     tile_width = property(lambda self: self._cpp.tile_width)
-    #: As given (None unless the seed's tile count was used).
+    #: As given (None unless the tile count form was used).
     num_vocab_tiles = property(lambda self: self._num_vocab_tiles)
     numerics_version = property(lambda self: self._cpp.numerics_version)
 
@@ -472,7 +474,7 @@ def _size_list(values, field):
 
 
 class LogprobBackendCapability(_Frozen):
-    """What a backend can serve (section 1.9 plus detlogp's tile widths, reduction orders and
+    """What a backend can serve (roles, dtypes, layouts, plus tile widths, reduction orders and
     temperature support). ``incompatibilities(contract)`` lists every reason it cannot."""
 
     __slots__ = ("_fields",)
@@ -581,7 +583,7 @@ class LogprobBackendCapability(_Frozen):
 
 
 def even_bounds(padded_vocab_size, tp_world_size):
-    """The seed's even bounds: shard = padded // tp, the last rank takes the remainder."""
+    """Even bounds: shard = padded // tp, the last rank takes the remainder."""
     return tuple(_detlogp.even_bounds(check_int(padded_vocab_size, "padded_vocab_size"),
                                       check_int(tp_world_size, "tp_world_size")))
 

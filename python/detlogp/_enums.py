@@ -1,4 +1,4 @@
-"""String enums of the logprob contract (seed-semantics.md section 1.0).
+"""String enums of the logprob contract (docs/contract.md, "Enums").
 
 Every enum is a ``str`` subclass whose members compare equal to their lowercase value strings.
 Contract fields accept a member or its exact (case-sensitive) value string.

@@ -439,7 +439,7 @@ class LogprobOp:
                             entropy=entropy, entropy_grad=entropy_grad,
                             threads=threads).outputs()
 
-    # The seed's names.
+    # The compatible names (docs/contract.md, "Compatibility").
     apply = __call__
 
     def apply_with_entropy(self, local_logits, target_ids, *, contract, group=None,
@@ -499,7 +499,7 @@ def _dispatch(contract, requested_backend, platform):
 
 
 def get_logprob_op(contract, requested_backend="auto", *, platform="cpu"):
-    """Contract dispatch (seed-semantics.md section 3.2) through the C++ registry.
+    """Contract dispatch (docs/dispatch.md) through the C++ registry.
 
     ``requested_backend``: "auto" (first fitting candidate), "production", "reference"
     (case-insensitive), or an exact backend id. ``platform``: "cpu" (default) or "cuda" (the

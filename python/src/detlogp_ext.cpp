@@ -1,7 +1,7 @@
 // _detlogp: the pybind11 layer under the Python package `detlogp` (docs/python.md).
 //
 // This module is private: the pure-Python package (python/detlogp/) does the Python-side
-// checks of seed-semantics.md section 1 (bools are not integers, mask elements must be real
+// checks (docs/python.md; bools are not integers, mask elements must be real
 // bools, ...) and turns NumPy arrays and torch tensors into raw views. Everything else is
 // validated here by the C++ library, with its messages:
 //   detlogp::ContractError -> detlogp.LogprobContractError (a ValueError subclass)
@@ -353,13 +353,20 @@ PYBIND11_MODULE(_detlogp, m) {
 
   static py::exception<ContractError> contract_error(m, "LogprobContractError", PyExc_ValueError);
   contract_error.attr("__doc__") =
-      "A contract or input violation (detlogp::ContractError). Subclass of ValueError.";
+      "A contract or input violation (detlogp::ContractError). Subclass of ValueError. "
+      "code: the kind of rule broken (e.g. 'out_of_range'), field: the field it is about.";
   contract_error.attr("__module__") = "detlogp";
+  // The C++ error's code and field as attributes (class defaults for errors raised in Python).
+  contract_error.attr("code") = "unspecified";
+  contract_error.attr("field") = "";
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ContractError& e) {
-      PyErr_SetString(contract_error.ptr(), e.what());
+      py::object error = py::handle(contract_error.ptr())(e.what());  // an instance
+      error.attr("code") = std::string(detlogp::to_string(e.code()));
+      error.attr("field") = e.field();
+      PyErr_SetObject(contract_error.ptr(), error.ptr());
     }
   });
 

@@ -16,7 +16,8 @@ namespace detlogp {
 
 std::string python_float_repr(double value) {
   if (!std::isfinite(value)) {
-    throw ContractError("JSON numbers must be finite; got " + std::to_string(value));
+    throw ContractError(ErrorCode::out_of_range, "",
+                        "JSON numbers must be finite; got " + std::to_string(value));
   }
   // Shortest round-trip digits in scientific form, e.g. "6.99999988079071e-01", "1e+16".
   std::array<char, 64> buf{};

@@ -41,16 +41,19 @@ void check_size_list(const std::optional<std::vector<int64_t>>& list, std::strin
   }
   if (list->empty()) {
     throw ContractError(
+        ErrorCode::empty, field,
         fmt::format("{} must not be empty; use std::nullopt (null) for unrestricted", field));
   }
   std::unordered_set<int64_t> seen;
   for (std::size_t i = 0; i < list->size(); ++i) {
     const int64_t v = (*list)[i];
     if (v <= 0) {
-      throw ContractError(fmt::format("{}[{}] must be a positive integer; got {}", field, i, v));
+      throw ContractError(ErrorCode::out_of_range, field,
+                          fmt::format("{}[{}] must be a positive integer; got {}", field, i, v));
     }
     if (!seen.insert(v).second) {
-      throw ContractError(fmt::format("{} must not contain duplicates; got {} twice", field, v));
+      throw ContractError(ErrorCode::duplicate, field,
+                          fmt::format("{} must not contain duplicates; got {} twice", field, v));
     }
   }
 }
@@ -98,16 +101,18 @@ bool is_reserved_dispatch_policy(std::string_view word) {
 BackendCapability::BackendCapability(const CapabilityParams& params) : p_(params) {
   p_.backend_id = std::string(strip(params.backend_id));
   if (p_.backend_id.empty()) {
-    throw ContractError("backend_id must be a non-empty string");
+    throw ContractError(ErrorCode::empty, "backend_id", "backend_id must be a non-empty string");
   }
   if (is_reserved_dispatch_policy(p_.backend_id)) {
     throw ContractError(
+        ErrorCode::reserved_name, "backend_id",
         fmt::format("backend_id='{}' shadows a reserved dispatch policy keyword", p_.backend_id));
   }
   check_enum_set(p_.roles, "roles");
   check_enum_set(p_.dtypes, "dtypes");
   if (p_.roles.empty() || p_.dtypes.empty()) {
-    throw ContractError("backend roles and dtypes must not be empty");
+    throw ContractError(ErrorCode::empty, p_.roles.empty() ? "roles" : "dtypes",
+                        "backend roles and dtypes must not be empty");
   }
   check_size_list(p_.tp_world_sizes, "tp_world_sizes");
   check_size_list(p_.cp_world_sizes, "cp_world_sizes");
@@ -117,7 +122,8 @@ BackendCapability::BackendCapability(const CapabilityParams& params) : p_(params
   check_size_list(p_.tile_widths, "tile_widths");
   check_enum_set(p_.reduction_orders, "reduction_orders");
   if (p_.reduction_orders.empty()) {
-    throw ContractError("reduction_orders must not be empty: a backend implements some order");
+    throw ContractError(ErrorCode::empty, "reduction_orders",
+                        "reduction_orders must not be empty: a backend implements some order");
   }
 }
 

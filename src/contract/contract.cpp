@@ -17,13 +17,15 @@ namespace {
 
 void require_positive(int64_t value, std::string_view field) {
   if (value <= 0) {
-    throw ContractError(fmt::format("{} must be a positive integer; got {}", field, value));
+    throw ContractError(ErrorCode::out_of_range, field,
+                        fmt::format("{} must be a positive integer; got {}", field, value));
   }
 }
 
 void require_non_negative(int64_t value, std::string_view field) {
   if (value < 0) {
-    throw ContractError(fmt::format("{} must be a non-negative integer; got {}", field, value));
+    throw ContractError(ErrorCode::out_of_range, field,
+                        fmt::format("{} must be a non-negative integer; got {}", field, value));
   }
 }
 
@@ -51,54 +53,65 @@ ShardingSpec::ShardingSpec(const ShardingParams& p)
   require_non_negative(tp_rank_, "tp_rank");
   if (tp_rank_ >= tp_world_size_) {
     throw ContractError(
+        ErrorCode::conflicting_fields, "tp_rank",
         fmt::format("tp_rank={} must be smaller than tp_world_size={}", tp_rank_, tp_world_size_));
   }
   require_positive(cp_world_size_, "cp_world_size");
   require_non_negative(cp_rank_, "cp_rank");
   if (cp_rank_ >= cp_world_size_) {
     throw ContractError(
+        ErrorCode::conflicting_fields, "cp_rank",
         fmt::format("cp_rank={} must be smaller than cp_world_size={}", cp_rank_, cp_world_size_));
   }
   require_positive(real_vocab_size_, "real_vocab_size");
   require_positive(padded_vocab_size_, "padded_vocab_size");
   if (padded_vocab_size_ < real_vocab_size_) {
     throw ContractError(
+        ErrorCode::conflicting_fields, "padded_vocab_size",
         fmt::format("padded_vocab_size={} must not be smaller than real_vocab_size={}",
                     padded_vocab_size_, real_vocab_size_));
   }
   if (static_cast<int64_t>(bounds_.size()) != tp_world_size_) {
-    throw ContractError(fmt::format(
-        "vocab_shard_bounds must contain exactly one (start, end) pair per TP rank; got {} pairs "
-        "for tp_world_size={}",
-        bounds_.size(), tp_world_size_));
+    throw ContractError(ErrorCode::bad_shard_bounds, "vocab_shard_bounds",
+                        fmt::format("vocab_shard_bounds must contain exactly one (start, end) pair "
+                                    "per TP rank; got {} pairs for tp_world_size={}",
+                                    bounds_.size(), tp_world_size_));
   }
   int64_t expected_start = 0;
   for (std::size_t r = 0; r < bounds_.size(); ++r) {
     const auto [start, end] = bounds_[r];
     if (end <= start) {
-      throw ContractError(fmt::format(
-          "vocab_shard_bounds[{}] must satisfy end > start; got [{}, {})", r, start, end));
+      throw ContractError(
+          ErrorCode::bad_shard_bounds, "vocab_shard_bounds",
+          fmt::format("vocab_shard_bounds[{}] must satisfy end > start; got [{}, {})", r, start,
+                      end));
     }
     if (start != expected_start) {
-      throw ContractError(fmt::format(
-          "vocab_shard_bounds must form a contiguous [0, padded_vocab_size) partition in "
-          "TP-rank order; rank {} starts at {}, expected {}",
-          r, start, expected_start));
+      throw ContractError(
+          ErrorCode::bad_shard_bounds, "vocab_shard_bounds",
+          fmt::format(
+              "vocab_shard_bounds must form a contiguous [0, padded_vocab_size) partition in "
+              "TP-rank order; rank {} starts at {}, expected {}",
+              r, start, expected_start));
     }
     expected_start = end;
   }
   if (expected_start != padded_vocab_size_) {
-    throw ContractError(fmt::format(
-        "vocab_shard_bounds must cover padded_vocab_size exactly; covered {}, declared {}",
-        expected_start, padded_vocab_size_));
+    throw ContractError(
+        ErrorCode::bad_shard_bounds, "vocab_shard_bounds",
+        fmt::format(
+            "vocab_shard_bounds must cover padded_vocab_size exactly; covered {}, declared {}",
+            expected_start, padded_vocab_size_));
   }
 }
 
 int64_t ShardingSpec::owner_rank(int64_t token_id) const {
   if (token_id < 0 || token_id >= real_vocab_size_) {
-    throw ContractError(fmt::format(
-        "token_id={} is outside the real vocabulary [0, {}); mask it as inactive instead", token_id,
-        real_vocab_size_));
+    throw ContractError(
+        ErrorCode::token_out_of_vocab, "token_id",
+        fmt::format(
+            "token_id={} is outside the real vocabulary [0, {}); mask it as inactive instead",
+            token_id, real_vocab_size_));
   }
   // The last shard whose start is <= token_id (the bounds are a contiguous partition).
   const auto it = std::upper_bound(bounds_.begin(), bounds_.end(), token_id,
@@ -113,9 +126,10 @@ MaskSpec::MaskSpec(const MaskParams& p)
     : num_tokens_(p.num_tokens), active_mask_(p.active_mask), ignore_index_(p.ignore_index) {
   require_positive(num_tokens_, "num_tokens");
   if (static_cast<int64_t>(active_mask_.size()) != num_tokens_) {
-    throw ContractError(fmt::format(
-        "active_mask must contain exactly one entry per token; got {} entries for num_tokens={}",
-        active_mask_.size(), num_tokens_));
+    throw ContractError(ErrorCode::wrong_shape, "active_mask",
+                        fmt::format("active_mask must contain exactly one entry per token; got {} "
+                                    "entries for num_tokens={}",
+                                    active_mask_.size(), num_tokens_));
   }
   std::string bytes(active_mask_.size(), '\0');
   active_token_count_ = 0;
@@ -151,6 +165,7 @@ ReductionSpec::ReductionSpec(const ReductionParams& p) : p_(p) {
   check_enum(p_.determinism_scope, "determinism_scope");
   if (p_.acc_dtype != DType::fp32) {
     throw ContractError(
+        ErrorCode::unsupported_value, "acc_dtype",
         fmt::format("TP logprob accumulation must be fp32; got {}", to_string(p_.acc_dtype)));
   }
 }
@@ -162,11 +177,13 @@ OutputSpec::OutputSpec(const OutputParams& p) : p_(p) {
   check_enum(p_.lse_dtype, "lse_dtype");
   check_enum(p_.tp_placement, "tp_placement");
   if (p_.selected_logp_dtype != DType::fp32) {
-    throw ContractError(fmt::format("selected logprob output must be fp32; got {}",
+    throw ContractError(ErrorCode::unsupported_value, "selected_logp_dtype",
+                        fmt::format("selected logprob output must be fp32; got {}",
                                     to_string(p_.selected_logp_dtype)));
   }
   if (p_.lse_dtype != DType::fp32) {
     throw ContractError(
+        ErrorCode::unsupported_value, "lse_dtype",
         fmt::format("vocab LSE output must be fp32; got {}", to_string(p_.lse_dtype)));
   }
 }
@@ -187,13 +204,18 @@ LogprobContract::LogprobContract(const ContractParams& p)
   check_enum(role_, "role");
   check_enum(dtype_, "dtype");
   if (!export_lse_) {
-    throw ContractError("export_lse must be True for the WS2 vocab-domain LSE drift contract");
+    throw ContractError(
+        ErrorCode::unsupported_value, "export_lse",
+        "export_lse must be True: the vocab-parallel contract always exports the vocab-domain "
+        "LSE (for drift checks)");
   }
   const int64_t ignore_index = mask_.ignore_index();
   const int64_t real = sharding_.real_vocab_size();
   if (ignore_index >= 0 && ignore_index < real) {
-    throw ContractError(fmt::format(
-        "ignore_index={} must not collide with the real vocabulary [0, {})", ignore_index, real));
+    throw ContractError(
+        ErrorCode::conflicting_fields, "ignore_index",
+        fmt::format("ignore_index={} must not collide with the real vocabulary [0, {})",
+                    ignore_index, real));
   }
   if (p.tile_width) {
     require_positive(*p.tile_width, "tile_width");
@@ -201,6 +223,7 @@ LogprobContract::LogprobContract(const ContractParams& p)
     // product far from int64 overflow.
     if (*p.tile_width > kMaxTileWidth) {
       throw ContractError(
+          ErrorCode::out_of_range, "tile_width",
           fmt::format("tile_width must be at most {}; got {}", kMaxTileWidth, *p.tile_width));
     }
     tile_width_ = *p.tile_width;
@@ -211,18 +234,22 @@ LogprobContract::LogprobContract(const ContractParams& p)
     require_positive(n, "num_vocab_tiles");
     if (padded % n != 0) {
       throw ContractError(
+          ErrorCode::conflicting_fields, "num_vocab_tiles",
           fmt::format("num_vocab_tiles={} must divide padded_vocab_size={} exactly", n, padded));
     }
     if (p.tile_width && *p.tile_width != padded / n) {
-      throw ContractError(fmt::format(
-          "tile_width={} disagrees with num_vocab_tiles={} (padded_vocab_size={} / {} = {}); "
-          "give only one of them",
-          *p.tile_width, n, padded, n, padded / n));
+      throw ContractError(
+          ErrorCode::conflicting_fields, "tile_width",
+          fmt::format(
+              "tile_width={} disagrees with num_vocab_tiles={} (padded_vocab_size={} / {} = {}); "
+              "give only one of them",
+              *p.tile_width, n, padded, n, padded / n));
     }
     tile_width_ = padded / n;
   }
   if (!std::isfinite(temperature_) || !(temperature_ > 0.0f)) {
     throw ContractError(
+        ErrorCode::out_of_range, "temperature",
         fmt::format("temperature must be a finite number > 0; got {}", float_text(temperature_)));
   }
 }
@@ -249,7 +276,7 @@ std::optional<std::string> tile_alignment_problem(const LogprobContract& contrac
 
 void LogprobContract::check_tile_alignment() const {
   if (auto problem = tile_alignment_problem(*this)) {
-    throw ContractError(*problem);
+    throw ContractError(ErrorCode::tile_misaligned, "vocab_shard_bounds", *problem);
   }
 }
 
@@ -320,9 +347,11 @@ std::vector<VocabRange> even_bounds(int64_t padded_vocab_size, int64_t tp_world_
   require_positive(padded_vocab_size, "padded_vocab_size");
   require_positive(tp_world_size, "tp_world_size");
   if (padded_vocab_size < tp_world_size) {
-    throw ContractError(fmt::format(
-        "padded_vocab_size={} is smaller than tp_world_size={}: some shard would be empty",
-        padded_vocab_size, tp_world_size));
+    throw ContractError(
+        ErrorCode::conflicting_fields, "padded_vocab_size",
+        fmt::format(
+            "padded_vocab_size={} is smaller than tp_world_size={}: some shard would be empty",
+            padded_vocab_size, tp_world_size));
   }
   const int64_t shard = padded_vocab_size / tp_world_size;
   std::vector<VocabRange> bounds;
@@ -339,10 +368,12 @@ std::vector<VocabRange> even_tile_aligned_bounds(int64_t padded_vocab_size, int6
   require_positive(tile_width, "tile_width");
   const int64_t tiles = (padded_vocab_size + tile_width - 1) / tile_width;
   if (tiles < tp_world_size) {
-    throw ContractError(fmt::format(
-        "padded_vocab_size={} has {} tiles of width {}, fewer than tp_world_size={}: every TP "
-        "rank needs at least one tile",
-        padded_vocab_size, tiles, tile_width, tp_world_size));
+    throw ContractError(
+        ErrorCode::conflicting_fields, "padded_vocab_size",
+        fmt::format(
+            "padded_vocab_size={} has {} tiles of width {}, fewer than tp_world_size={}: every TP "
+            "rank needs at least one tile",
+            padded_vocab_size, tiles, tile_width, tp_world_size));
   }
   const int64_t base = tiles / tp_world_size;
   const int64_t extra = tiles % tp_world_size;

@@ -23,12 +23,14 @@ std::string allowed(std::string_view field, std::span<const std::string_view> va
 
 void throw_bad_enum_string(std::string_view field, std::span<const std::string_view> values,
                            std::string_view got) {
-  throw ContractError(allowed(field, values) + "; got '" + std::string(got) + "'");
+  throw ContractError(ErrorCode::invalid_enum, field,
+                      allowed(field, values) + "; got '" + std::string(got) + "'");
 }
 
 void throw_bad_enum_value(std::string_view field, std::span<const std::string_view> values,
                           long long raw) {
-  throw ContractError(allowed(field, values) + "; got out-of-range value " + std::to_string(raw));
+  throw ContractError(ErrorCode::invalid_enum, field,
+                      allowed(field, values) + "; got out-of-range value " + std::to_string(raw));
 }
 
 }  // namespace detlogp::detail

@@ -1,6 +1,6 @@
 #pragma once
 // The numerics canon: every floating-point operation that decides a bit of detlogp's outputs.
-// The definition is shared/design/numerics.md; this header is its one implementation for
+// The definition is docs/numerics.md; this header is its one implementation for
 // scalars. The scalar reference kernel calls it directly, the SIMD kernels repeat these exact
 // operation sequences lane-wise (and are tested bitwise against it), and the CUDA kernels
 // compile this same header for the device. It includes only the plain numerics types

@@ -1,4 +1,4 @@
-// BatchInvariantLogprob: the seed's WS1-style single-shard op. Per row: fp32 max, sum of
+// BatchInvariantLogprob: the single-shard batch-invariant op. Per row: fp32 max, sum of
 // exp(z - max) left to right, log; logp = z[target] - lse. Batch-invariant (each row's order
 // depends only on the vocabulary width) but not the canon, and TP = 1 only.
 
@@ -22,34 +22,38 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
                                              const ForwardOptions& opt) const {
   const ShardingSpec& sh = c.sharding();
   if (sh.tp_world_size() != 1 || comm.size() != 1) {
-    throw ContractError(fmt::format(
-        "{} is a single-shard backend: it needs tp_world_size=1 and a communicator of one rank; "
-        "got tp_world_size={} and {} ranks",
-        backend_id_, sh.tp_world_size(), comm.size()));
+    throw ContractError(ErrorCode::not_supported, "tp_world_size",
+                        fmt::format("{} is a single-shard backend: it needs tp_world_size=1 and a "
+                                    "communicator of one rank; got tp_world_size={} and {} ranks",
+                                    backend_id_, sh.tp_world_size(), comm.size()));
   }
   if (opt.entropy) {
-    throw ContractError(
-        fmt::format("{} does not compute the entropy; request a vocab-parallel "
-                    "backend for entropy=true",
-                    backend_id_));
+    throw ContractError(ErrorCode::not_supported, "entropy",
+                        fmt::format("{} does not compute the entropy; request a vocab-parallel "
+                                    "backend for entropy=true",
+                                    backend_id_));
   }
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr) ||
       logits.row_stride < logits.cols) {
-    throw ContractError(fmt::format(
-        "local_logits must be 2-D [num_tokens, vocab] with data and row_stride >= cols; got "
-        "rows={} cols={} row_stride={}",
-        logits.rows, logits.cols, logits.row_stride));
+    throw ContractError(
+        ErrorCode::wrong_shape, "local_logits",
+        fmt::format(
+            "local_logits must be 2-D [num_tokens, vocab] with data and row_stride >= cols; got "
+            "rows={} cols={} row_stride={}",
+            logits.rows, logits.cols, logits.row_stride));
   }
   if (logits.dtype != c.dtype()) {
-    throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
+    throw ContractError(ErrorCode::wrong_dtype, "local_logits",
+                        fmt::format("local_logits dtype {} does not match the contract dtype {}",
                                     to_string(logits.dtype), to_string(c.dtype())));
   }
   if (logits.cols != sh.padded_vocab_size() || logits.rows != c.mask().num_tokens() ||
       static_cast<int64_t>(targets.size()) != logits.rows || logits.row_stride < logits.cols) {
-    throw ContractError(fmt::format(
-        "local_logits [{}, {}] with {} targets does not match the contract's [{}, {}] (one target "
-        "per token)",
-        logits.rows, logits.cols, targets.size(), c.mask().num_tokens(), sh.padded_vocab_size()));
+    throw ContractError(ErrorCode::wrong_shape, "local_logits",
+                        fmt::format("local_logits [{}, {}] with {} targets does not match the "
+                                    "contract's [{}, {}] (one target per token)",
+                                    logits.rows, logits.cols, targets.size(), c.mask().num_tokens(),
+                                    sh.padded_vocab_size()));
   }
   const int64_t real = sh.real_vocab_size();
   const auto& active = c.mask().active_mask();
@@ -81,9 +85,11 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
     if (!active[i]) continue;
     const int64_t t = targets[i];
     if (opt.validate && (t < 0 || t >= real)) {
-      throw ContractError(fmt::format(
-          "active target_ids must lie in the real vocabulary [0, {}); got {} at token {}", real, t,
-          i));
+      throw ContractError(
+          ErrorCode::token_out_of_vocab, "target_ids",
+          fmt::format(
+              "active target_ids must lie in the real vocabulary [0, {}); got {} at token {}", real,
+              t, i));
     }
     if (t < 0 || t >= real) {
       out.logp[i] = canon::canonical_nan();
@@ -92,10 +98,11 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
     saved->target_local[i] = t;
     out.logp[i] = z(t) - out.lse[i];
     if (opt.validate && !std::isfinite(out.lse[i])) {
-      throw ContractError(fmt::format(
-          "non-finite logsumexp on an active row (token {}): logits over the real vocabulary must "
-          "be finite for every active token",
-          i));
+      throw ContractError(
+          ErrorCode::non_finite_result, "local_logits",
+          fmt::format("non-finite logsumexp on an active row (token {}): logits "
+                      "over the real vocabulary must be finite for every active token",
+                      i));
     }
   }
   saved->lse = out.lse;
@@ -105,25 +112,33 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
 
 void BatchInvariantLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
                                      const MutableLogitsView& grad) const {
-  if (!fwd.saved) throw ContractError("backward needs the LogprobResult of a forward call");
+  if (!fwd.saved) {
+    throw ContractError(ErrorCode::mode_mismatch, "fwd",
+                        "backward needs the LogprobResult of a forward call");
+  }
   const SavedForward& s = *fwd.saved;
   if (s.producer != SavedForward::Producer::batch_invariant) {
-    throw ContractError(fmt::format(
-        "{}: backward was given the result of another operator's forward; call backward on the "
-        "operator that ran forward",
-        backend_id_));
+    throw ContractError(
+        ErrorCode::mode_mismatch, "fwd",
+        fmt::format(
+            "{}: backward was given the result of another operator's forward; call backward on the "
+            "operator that ran forward",
+            backend_id_));
   }
   const LogitsView& x = s.logits;
   if (!g.grad_entropy.empty()) {
-    throw ContractError(fmt::format("{} has no entropy gradient", backend_id_));
+    throw ContractError(ErrorCode::not_supported, "grad_entropy",
+                        fmt::format("{} has no entropy gradient", backend_id_));
   }
   if (grad.rows != x.rows || grad.cols != x.cols || grad.dtype != x.dtype ||
       grad.row_stride < grad.cols || (grad.rows > 0 && grad.data == nullptr)) {
-    throw ContractError("grad must have the logits' shape and dtype");
+    throw ContractError(ErrorCode::wrong_shape, "grad",
+                        "grad must have the logits' shape and dtype");
   }
   for (const auto& v : {g.grad_logp, g.grad_lse}) {
     if (!v.empty() && static_cast<int64_t>(v.size()) != x.rows) {
-      throw ContractError("incoming gradients must have one entry per token");
+      throw ContractError(ErrorCode::wrong_shape, "grad_logp, grad_lse",
+                          "incoming gradients must have one entry per token");
     }
   }
   const int64_t real = s.spec.geometry.real_vocab;

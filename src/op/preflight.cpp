@@ -24,22 +24,24 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
     if (!all[r].local_ok) {
       if (static_cast<int>(r) == comm.rank()) throw ContractError(*mine.local_error);
       throw ContractError(
+          ErrorCode::ranks_disagree, "",
           fmt::format("cross-rank preflight failed: rank {} failed local validation: {}", r,
                       std::string(all[r].local_error.data(),
                                   strnlen(all[r].local_error.data(), all[r].local_error.size()))));
     }
   }
   if (auto why = first_disagreement(all)) {
-    throw ContractError("cross-rank preflight failed: " + *why);
+    throw ContractError(ErrorCode::ranks_disagree, "", "cross-rank preflight failed: " + *why);
   }
   // Local ranges must tile the vocabulary in rank order (the fingerprint covers the bounds;
   // this catches a rank that passed a shard other than the one its contract names).
   for (std::size_t r = 1; r < all.size(); ++r) {
     if (all[r].local_begin != all[r - 1].local_end) {
-      throw ContractError(fmt::format(
-          "cross-rank preflight failed: rank {} has local range [{}, {}) but rank {} ends at {}; "
-          "ranks must hold contiguous shards in rank order",
-          r, all[r].local_begin, all[r].local_end, r - 1, all[r - 1].local_end));
+      throw ContractError(
+          ErrorCode::ranks_disagree, "vocab_shard_bounds",
+          fmt::format("cross-rank preflight failed: rank {} has local range [{}, {}) but rank {} "
+                      "ends at {}; ranks must hold contiguous shards in rank order",
+                      r, all[r].local_begin, all[r].local_end, r - 1, all[r - 1].local_end));
     }
   }
 }

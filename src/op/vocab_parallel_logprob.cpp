@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <optional>
 
 #include <fmt/format.h>
@@ -21,38 +22,48 @@ namespace {
 
 std::string dtype_name(DType d) { return std::string(to_string(d)); }
 
-// The inputs' shapes and dtype against the contract (the part of step 4 before the transport).
+// The inputs' shapes and dtype against the contract (the invocation checks that come before
+// the communicator's; docs/operator.md, "What forward does"), as ContractError.
 void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targets,
                         const LogprobContract& c) {
   const ShardingSpec& sh = c.sharding();
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr)) {
-    throw ContractError(fmt::format(
-        "local_logits must be 2-D [num_tokens, local_vocab] with data; got rows={} cols={}",
-        logits.rows, logits.cols));
+    throw ContractError(
+        ErrorCode::wrong_shape, "local_logits",
+        fmt::format(
+            "local_logits must be 2-D [num_tokens, local_vocab] with data; got rows={} cols={}",
+            logits.rows, logits.cols));
   }
   if (logits.row_stride < logits.cols) {
-    throw ContractError(fmt::format(
-        "local_logits row_stride={} is smaller than its {} columns; pass the stride in elements",
-        logits.row_stride, logits.cols));
+    throw ContractError(ErrorCode::wrong_shape, "local_logits",
+                        fmt::format("local_logits row_stride={} is smaller than its {} columns; "
+                                    "pass the stride in elements",
+                                    logits.row_stride, logits.cols));
   }
   if (static_cast<int64_t>(targets.size()) != logits.rows) {
-    throw ContractError(fmt::format(
-        "target_ids must be 1-D with one entry per token: got {} targets for {} logits rows",
-        targets.size(), logits.rows));
+    throw ContractError(
+        ErrorCode::wrong_shape, "target_ids",
+        fmt::format(
+            "target_ids must be 1-D with one entry per token: got {} targets for {} logits rows",
+            targets.size(), logits.rows));
   }
   if (logits.cols != sh.local_vocab_size()) {
-    throw ContractError(fmt::format(
-        "local_logits has {} vocab columns but the contract declares local shard [{}, {}) of "
-        "size {}",
-        logits.cols, sh.local_vocab_start(), sh.local_vocab_end(), sh.local_vocab_size()));
+    throw ContractError(
+        ErrorCode::wrong_shape, "local_logits",
+        fmt::format(
+            "local_logits has {} vocab columns but the contract declares local shard [{}, {}) of "
+            "size {}",
+            logits.cols, sh.local_vocab_start(), sh.local_vocab_end(), sh.local_vocab_size()));
   }
   if (logits.rows != c.mask().num_tokens()) {
     throw ContractError(
+        ErrorCode::wrong_shape, "local_logits",
         fmt::format("local_logits has {} rows but the contract's MaskSpec declares num_tokens={}",
                     logits.rows, c.mask().num_tokens()));
   }
   if (logits.dtype != c.dtype()) {
-    throw ContractError(fmt::format("local_logits dtype {} does not match the contract dtype {}",
+    throw ContractError(ErrorCode::wrong_dtype, "local_logits",
+                        fmt::format("local_logits dtype {} does not match the contract dtype {}",
                                     dtype_name(logits.dtype), dtype_name(c.dtype())));
   }
 }
@@ -64,13 +75,16 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
   check_input_shapes(logits, targets, c);
   const ShardingSpec& sh = c.sharding();
   if (comm.size() != sh.tp_world_size()) {
-    throw ContractError(fmt::format(
-        "the communicator has {} ranks but the contract declares tp_world_size={}; pass the TP "
-        "subgroup, not the global group",
-        comm.size(), sh.tp_world_size()));
+    throw ContractError(
+        ErrorCode::communicator_mismatch, "tp_world_size",
+        fmt::format(
+            "the communicator has {} ranks but the contract declares tp_world_size={}; pass the TP "
+            "subgroup, not the global group",
+            comm.size(), sh.tp_world_size()));
   }
   if (comm.rank() != sh.tp_rank()) {
-    throw ContractError(fmt::format("tp_group rank {} does not match the contract tp_rank={}",
+    throw ContractError(ErrorCode::communicator_mismatch, "tp_rank",
+                        fmt::format("tp_group rank {} does not match the contract tp_rank={}",
                                     comm.rank(), sh.tp_rank()));
   }
   if (validate) {
@@ -87,20 +101,21 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
       }
     }
     if (bad) {
-      throw ContractError(fmt::format(
-          "active target_ids must lie in the real vocabulary [0, {}); got values in [{}, {}] on "
-          "active rows",
-          sh.real_vocab_size(), lo, hi));
+      throw ContractError(ErrorCode::token_out_of_vocab, "target_ids",
+                          fmt::format("active target_ids must lie in the real vocabulary [0, {}); "
+                                      "got values in [{}, {}] on active rows",
+                                      sh.real_vocab_size(), lo, hi));
     }
   }
 }
 
-// The mode checks of section 4.1 step 3.
+// The mode checks, which run first (docs/operator.md, "What forward does").
 void check_mode(const LogprobContract& c, bool deterministic) {
   if (deterministic) {
     c.check_tile_alignment();
   } else if (c.reduction().determinism_scope() == DeterminismScope::cross_tp_bitwise) {
     throw ContractError(
+        ErrorCode::mode_mismatch, "deterministic",
         "deterministic=false cannot honour determinism_scope=cross_tp_bitwise (its merge order "
         "depends on the shard layout); pass deterministic=true or build the contract with "
         "determinism_scope=fixed_topology");
@@ -204,12 +219,14 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   // 1. Local checks. With TP > 1 a local failure is not thrown yet: it travels in the
   //    preflight so that the other ranks fail with it instead of waiting for this one.
   std::optional<std::string> local_error;
+  std::exception_ptr local_exception;  // rethrown here with its code and field
   try {
     check_mode(c, opt.deterministic);
     check_invocation(logits, targets, c, comm, opt.validate);
   } catch (const ContractError& e) {
     if (comm.size() == 1) throw;
     local_error = e.what();
+    local_exception = std::current_exception();
   }
 
   // 2. Preflight: whenever TP > 1, whatever `validate` says (and whenever the communicator has
@@ -233,7 +250,13 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     facts.contract = &c;
     facts.targets = targets;
     facts.local_error = local_error;
-    op::run_preflight(comm, facts);
+    try {
+      op::run_preflight(comm, facts);
+    } catch (const ContractError& e) {
+      // The preflight rethrows only this rank's message; keep the original error's code.
+      if (local_exception && e.what() == *local_error) std::rethrow_exception(local_exception);
+      throw;
+    }
   }
 
   // 3. This rank's node partials and its copies of the targets it owns.
@@ -348,10 +371,12 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   if (opt.validate) {
     for (int64_t i = 0; i < rows; ++i) {
       if (active_mask[i] && !std::isfinite(out.lse[i])) {
-        throw ContractError(fmt::format(
-            "non-finite logsumexp on an active row (token {}: lse={}): logits over the real "
-            "vocabulary must be finite for every active token",
-            i, out.lse[i]));
+        throw ContractError(
+            ErrorCode::non_finite_result, "local_logits",
+            fmt::format(
+                "non-finite logsumexp on an active row (token {}: lse={}): logits over the real "
+                "vocabulary must be finite for every active token",
+                i, out.lse[i]));
       }
     }
   }
@@ -364,21 +389,24 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
 void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
                                     const MutableLogitsView& grad) const {
   if (!fwd.saved) {
-    throw ContractError(
-        "backward needs the LogprobResult of a forward call (its saved state is "
-        "empty)");
+    throw ContractError(ErrorCode::mode_mismatch, "fwd",
+                        "backward needs the LogprobResult of a forward call (its saved state is "
+                        "empty)");
   }
   const SavedForward& s = *fwd.saved;
   if (s.producer != SavedForward::Producer::vocab_parallel || s.kernels == nullptr) {
-    throw ContractError(fmt::format(
-        "{}: backward was given the result of another operator's forward; call backward on the "
-        "operator that ran forward",
-        backend_id_));
+    throw ContractError(
+        ErrorCode::mode_mismatch, "fwd",
+        fmt::format(
+            "{}: backward was given the result of another operator's forward; call backward on the "
+            "operator that ran forward",
+            backend_id_));
   }
   const int64_t rows = s.logits.rows;
   auto check_len = [&](std::span<const float> v, const char* name) {
     if (!v.empty() && static_cast<int64_t>(v.size()) != rows) {
-      throw ContractError(fmt::format("{} must have one entry per token: got {} for {} tokens",
+      throw ContractError(ErrorCode::wrong_shape, name,
+                          fmt::format("{} must have one entry per token: got {} for {} tokens",
                                       name, v.size(), rows));
     }
   };
@@ -386,21 +414,23 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
   check_len(g.grad_lse, "grad_lse");
   check_len(g.grad_entropy, "grad_entropy");
   if (!g.grad_entropy.empty() && !s.has_entropy) {
-    throw ContractError(
-        "grad_entropy was given but forward ran with entropy=false; run forward "
-        "with entropy=true");
+    throw ContractError(ErrorCode::mode_mismatch, "grad_entropy",
+                        "grad_entropy was given but forward ran with entropy=false; run forward "
+                        "with entropy=true");
   }
   if (!g.grad_entropy.empty() && !s.entropy_grad) {
     throw ContractError(
+        ErrorCode::mode_mismatch, "grad_entropy",
         "grad_entropy was given but forward ran with entropy_grad=false (the entropy is a "
         "constant for backward); run forward with entropy_grad=true to differentiate it");
   }
   if (grad.rows != rows || grad.cols != s.logits.cols || grad.dtype != s.logits.dtype ||
       grad.row_stride < grad.cols || (rows > 0 && grad.data == nullptr)) {
-    throw ContractError(fmt::format(
-        "grad must have the logits' shape [{}, {}] and dtype {}; got [{}, {}] {} (row_stride {})",
-        rows, s.logits.cols, dtype_name(s.logits.dtype), grad.rows, grad.cols,
-        dtype_name(grad.dtype), grad.row_stride));
+    throw ContractError(ErrorCode::wrong_shape, "grad",
+                        fmt::format("grad must have the logits' shape [{}, {}] and dtype {}; got "
+                                    "[{}, {}] {} (row_stride {})",
+                                    rows, s.logits.cols, dtype_name(s.logits.dtype), grad.rows,
+                                    grad.cols, dtype_name(grad.dtype), grad.row_stride));
   }
   // Inactive rows get no logp gradient (but do get the LSE and entropy gradients).
   std::vector<float> g_logp;

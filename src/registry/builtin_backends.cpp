@@ -1,6 +1,6 @@
-// detlogp's built-in backends and the order they are tried in (seed-semantics.md section 2):
+// detlogp's built-in backends and the order they are tried in (docs/dispatch.md):
 // on cpu the contract candidate list starts as a copy of the legacy batch_invariant_logp list
-// (the WS1-style op, whose truthful capability rejects every vocab-parallel contract), then the
+// (the single-shard op, whose truthful capability rejects every vocab-parallel contract), then the
 // scalar canonical reference is prepended, then the canonical SIMD backend: production first.
 
 #include "detlogp/registry.hpp"
@@ -60,7 +60,7 @@ std::unique_ptr<Registry> Registry::with_builtin_backends() {
                           }};
   // Legacy priority list (get_op("batch_invariant_logp")).
   r->register_legacy_backend("batch_invariant_logp", batch_invariant, "cpu");
-  // The contract list starts as a copy of it, with the WS1 capability attached...
+  // The contract list starts as a copy of it, with the single-shard capability attached...
   r->register_logprob_backend(batch_invariant, batch_invariant_capability(), "cpu");
   // ...then the reference and the production backend go in front.
   r->register_logprob_backend(

@@ -44,13 +44,15 @@ std::string check_platform(std::string_view platform) {
   for (std::string_view p : kPlatforms) {
     if (p == platform) return std::string(p);
   }
-  throw ContractError(fmt::format("unsupported platform '{}'; expected one of [{}]", platform,
+  throw ContractError(ErrorCode::unknown_platform, "platform",
+                      fmt::format("unsupported platform '{}'; expected one of [{}]", platform,
                                   fmt::join(kPlatforms, ", ")));
 }
 
 void check_backend(const Backend& b) {
   if (strip(b.name).empty() || !b.create) {
-    throw ContractError("backend must be a Backend with a non-empty name and a factory");
+    throw ContractError(ErrorCode::empty, "backend",
+                        "backend must be a Backend with a non-empty name and a factory");
   }
 }
 
@@ -63,7 +65,8 @@ void add_unique(std::vector<std::string>& list, const std::string& name, bool pr
   }
 }
 
-// The shared instance cache (section 3.3): created once, a failure is never retried.
+// The instance cache, shared by contract and legacy dispatch: created once, a failure is never
+// retried.
 std::shared_ptr<LogprobOp> instance(Registry::State& s, const std::string& name) {
   if (auto it = s.cache.find(name); it != s.cache.end()) return it->second;
   if (s.failed.count(name)) return nullptr;
@@ -99,8 +102,9 @@ void Registry::register_logprob_backend(const Backend& backend,
                                         std::string_view platform, bool prepend) {
   check_backend(backend);
   if (!capability) {
-    throw ContractError("capability must be a BackendCapability (got none) for backend " +
-                        backend.name);
+    throw ContractError(
+        ErrorCode::empty, "capability",
+        "capability must be a BackendCapability (got none) for backend " + backend.name);
   }
   const std::string p = check_platform(platform);
   std::lock_guard lock(mutex_);
@@ -143,18 +147,20 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
                                         std::string_view platform) {
   const std::string request = strip(requested_backend);
   if (request.empty()) {
-    throw ContractError(
-        "requested_backend must be a non-empty string (a policy: auto, "
-        "production, reference; or an exact backend id)");
+    throw ContractError(ErrorCode::empty, "requested_backend",
+                        "requested_backend must be a non-empty string (a policy: auto, "
+                        "production, reference; or an exact backend id)");
   }
   const std::string policy = lower(request);
   if (policy == "deterministic") {
     throw ContractError(
+        ErrorCode::reserved_name, "requested_backend",
         "requested_backend='deterministic' is not a dispatch policy: determinism is requested "
         "through the contract's ReductionSpec determinism_scope (cross_tp_bitwise or "
         "fixed_topology); use auto, production, reference or an exact backend id");
   }
   const std::string p = check_platform(platform);
+  const std::string_view wanted_id = resolve_retired_backend_id(request);
 
   std::lock_guard lock(mutex_);
   State& s = *state_;
@@ -176,7 +182,7 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
                         name, to_string(cap.implementation_kind()), policy));
         continue;
       }
-    } else if (policy != "auto" && cap.backend_id() != request) {
+    } else if (policy != "auto" && cap.backend_id() != wanted_id) {
       rejected.push_back(fmt::format("{}: backend_id={} does not match requested_backend={}", name,
                                      cap.backend_id(), request));
       continue;
@@ -219,7 +225,7 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
   }
   const ShardingSpec& sh = contract.sharding();
   throw std::runtime_error(fmt::format(
-      "No logprob backend supports the requested WS2 contract on {}: role={}, dtype={}, TP={}, "
+      "No logprob backend supports the requested contract on {}: role={}, dtype={}, TP={}, "
       "CP={}, padded_vocab={}, real_vocab={}. Rejections: {}",
       p, to_string(contract.role()), to_string(contract.dtype()), sh.tp_world_size(),
       sh.cp_world_size(), sh.padded_vocab_size(), sh.real_vocab_size(),
@@ -250,6 +256,13 @@ std::optional<BackendCapability> Registry::capability(std::string_view platform,
   auto it = pit->second.find(backend_name);
   if (it == pit->second.end()) return std::nullopt;
   return it->second;
+}
+
+std::string_view resolve_retired_backend_id(std::string_view requested_backend) {
+  for (const RetiredBackendId& r : kRetiredBackendIds) {
+    if (r.retired == requested_backend) return r.current;
+  }
+  return requested_backend;
 }
 
 bool Registry::failed_to_load(std::string_view backend_name) const {

@@ -96,10 +96,10 @@ def raw_tensor_bytes(path, name):
 
 # ---- inputs and the float64 reference ------------------------------------------------------
 
-def make_inputs(rows, padded, real, seed=0, big=True):
+def make_inputs(rows, padded, real, stream=0, big=True):
     """fp32 logits [rows, padded] (a broad background and a few large logits per row; padding
     holds +-3e4), int64 targets in [0, real) and a mask with the first row inactive."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(stream)
     x = rng.normal(0.0, 2.0, size=(rows, padded)).astype(np.float32)
     if big:
         for r in range(rows):

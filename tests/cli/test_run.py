@@ -33,10 +33,10 @@ def test_digests_equal_across_tp(dtype):
 
 
 def test_json_provenance_and_options():
-    r = run_json("run", *SMALL, "--tp", "2", "--seed", 7, "--temperature", 0.7,
+    r = run_json("run", *SMALL, "--tp", "2", "--batch-key", 7, "--temperature", 0.7,
                  "--tile-width", 64)
     assert r["command"] == "run" and r["comm"] == "in-process"
-    assert r["options"]["seed"] == 7 and r["options"]["tile_width"] == 64
+    assert r["options"]["batch_key"] == 7 and r["options"]["tile_width"] == 64
     assert r["active_tokens"] == 36  # 40 tokens in one sequence, the first 4 are the prompt
     prov = r["provenance"]
     assert prov["actual_backend"] == "cpu-canonical-vocab-parallel-logp"
@@ -46,7 +46,7 @@ def test_json_provenance_and_options():
 
 def test_digests_depend_on_the_data():
     a = run_json("run", *SMALL, "--tp", "1")["digests"]["1"]
-    b = run_json("run", *SMALL, "--tp", "1", "--seed", 1)["digests"]["1"]
+    b = run_json("run", *SMALL, "--tp", "1", "--batch-key", 1)["digests"]["1"]
     c = run_json("run", *SMALL, "--tp", "1", "--temperature", 2)["digests"]["1"]
     again = run_json("run", *SMALL, "--tp", "1", "--threads", 1)["digests"]["1"]
     assert a == again  # thread count never changes the bits

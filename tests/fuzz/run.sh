@@ -63,12 +63,12 @@ for target in safetensors npy; do
   fi
 done
 
-# Seeds: valid files of every dtype and several shapes, regenerated each run.
-rm -rf "$out/seeds"
+# The starting corpus: valid files of every dtype and several shapes, regenerated each run.
+rm -rf "$out/valid"
 if command -v python3 >/dev/null 2>&1; then
-  python3 "$src/tests/fuzz/make_seeds.py" "$out/seeds"
+  python3 "$src/tests/fuzz/make_corpus.py" "$out/valid"
 fi
-mkdir -p "$out/seeds/safetensors" "$out/seeds/npy"
+mkdir -p "$out/valid/safetensors" "$out/valid/npy"
 
 status=0
 for target in safetensors npy; do
@@ -78,7 +78,7 @@ for target in safetensors npy; do
   if "$out/${target}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=2048 \
       -timeout=10 -print_final_stats=1 -dict="$src/tests/fuzz/$target.dict" \
       -artifact_prefix="$out/artifacts/${target}-" \
-      "$out/corpus/$target" "$out/seeds/$target" >"$log" 2>&1; then
+      "$out/corpus/$target" "$out/valid/$target" >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units:[[:space:]]*//p' "$log")
     rate=$(sed -n 's/^stat::average_exec_per_sec:[[:space:]]*//p' "$log")
     rss=$(sed -n 's/^stat::peak_rss_mb:[[:space:]]*//p' "$log")

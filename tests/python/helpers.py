@@ -23,10 +23,10 @@ def contract(n, real, padded, bounds=None, rank=0, dtype="fp32", mask=None, tile
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def problem(n=23, real=1000, padded=1024, seed=0, scale=3.0, inactive=(1, 7, 8)):
+def problem(n=23, real=1000, padded=1024, stream=0, scale=3.0, inactive=(1, 7, 8)):
     """fp32 logits [n, padded] (padding columns hold junk, never read as targets), targets with
     ignore_index on inactive rows, and the mask."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(stream)
     x = torch.randn(n, padded, generator=g) * scale
     x[:, real:] = 1e4  # padding columns: junk that must never contribute
     t = torch.randint(0, real, (n,), generator=g)

@@ -30,7 +30,7 @@ def float64_grad(x, t, mask, weights, temperature=1.0):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("which", ["logp", "lse", "entropy", "all"])
 def test_gradients_match_float64_autograd(dtype, which):
-    x, t, mask = problem(seed=21)
+    x, t, mask = problem(stream=21)
     xd = x.to(TORCH_DTYPES[dtype])
     temperature = 0.8 if which == "all" else 1.0
     c = contract(len(t), REAL, PADDED, mask=mask, dtype=dtype, tile_width=W,
@@ -49,7 +49,7 @@ def test_gradients_match_float64_autograd(dtype, which):
     expect = float64_grad(xd.float(), t, mask, weights, c.temperature)
     got = xg.grad.double()
     if dtype == "fp32":
-        assert (got - expect).abs().max() <= 1e-5  # section 6 gradient_accuracy fp32
+        assert (got - expect).abs().max() <= 1e-5  # the fp32 gradient tolerance
     else:
         # computed in fp32 and rounded once to the logits dtype: within one ulp of it
         ulp = {"bf16": 2.0**-7, "fp16": 2.0**-10}[dtype]
@@ -65,7 +65,7 @@ def test_gradients_match_float64_autograd(dtype, which):
 
 
 def test_entropy_false_two_outputs_and_grad_through_logp_only():
-    x, t, mask = problem(seed=2)
+    x, t, mask = problem(stream=2)
     c = contract(len(t), REAL, PADDED, mask=mask, tile_width=W)
     op, _ = detlogp.get_logprob_op(c)
     xg = x.clone().requires_grad_()
@@ -77,7 +77,7 @@ def test_entropy_false_two_outputs_and_grad_through_logp_only():
 
 
 def test_no_autograd_when_not_needed():
-    x, t, mask = problem(seed=3)
+    x, t, mask = problem(stream=3)
     c = contract(len(t), REAL, PADDED, mask=mask, tile_width=W)
     op, _ = detlogp.get_logprob_op(c)
     logp, lse = op(x, t, contract=c)
@@ -109,7 +109,7 @@ def test_non_leaf_logits_and_chain_rule():
 
 
 def test_no_copy_backward_reads_the_callers_buffer():
-    x, t, mask = problem(seed=5, inactive=())
+    x, t, mask = problem(stream=5, inactive=())
     c = contract(len(t), REAL, PADDED, tile_width=W)
     op, _ = detlogp.get_logprob_op(c)
     xs = x.clone()
@@ -129,7 +129,7 @@ def test_no_copy_backward_reads_the_callers_buffer():
 
 
 def test_autograd_refuses_backward_after_an_in_place_change():
-    x, t, mask = problem(seed=6)
+    x, t, mask = problem(stream=6)
     c = contract(len(t), REAL, PADDED, mask=mask, tile_width=W)
     op, _ = detlogp.get_logprob_op(c)
     leaf = x.clone().requires_grad_()
@@ -142,7 +142,7 @@ def test_autograd_refuses_backward_after_an_in_place_change():
 
 
 def test_logits_stay_alive_while_the_graph_needs_them():
-    x, t, mask = problem(seed=8)
+    x, t, mask = problem(stream=8)
     c = contract(len(t), REAL, PADDED, mask=mask, tile_width=W)
     op, _ = detlogp.get_logprob_op(c)
     xg = x.clone().requires_grad_()

@@ -59,7 +59,7 @@ def run_world(tmp_path, world, data):
 
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
-    x, t, mask = problem(n=29, seed=42, inactive=(0, 5, 6))
+    x, t, mask = problem(n=29, stream=42, inactive=(0, 5, 6))
     g = torch.Generator().manual_seed(7)
     weights = [torch.randn(len(t), generator=g) for _ in range(3)]
     data = dict(x=x, t=t, mask=mask, weights=weights, real=REAL, padded=PADDED, tile_width=W)

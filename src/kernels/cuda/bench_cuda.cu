@@ -36,10 +36,10 @@ void check(cudaError_t e, const char* what) {
 
 // Logits ~ 3 * (sum of 4 uniforms - 2) * sqrt(3), from a counter hash: reproducible, no host
 // generation of gigabytes.
-__global__ void fill_kernel(void* data, int dtype, int64_t n, uint64_t seed) {
+__global__ void fill_kernel(void* data, int dtype, int64_t n, uint64_t stream) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t x = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + seed;
+    uint64_t x = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull + stream;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     x ^= x >> 31;

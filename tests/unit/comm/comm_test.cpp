@@ -481,8 +481,8 @@ TEST(InProcess, SameRankFromTwoThreadsIsContractError) {
 // ---------------------------------------------------------------------------------------------
 // Rank map
 
-TEST(RankMap, SeedLayouts) {
-  // seed-semantics.md section 9: tp_rank = r % tp, cp_rank = r / tp, TP group contiguous.
+TEST(RankMap, MegatronLayouts) {
+  // The usual Megatron order: tp_rank = r % tp, cp_rank = r / tp, TP group contiguous.
   struct Case {
     int tp, cp;
   };

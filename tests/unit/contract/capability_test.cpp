@@ -1,5 +1,5 @@
-// BackendCapability (seed-semantics.md section 1.9 plus detlogp's fields) and the capability
-// items of the section 8 checklist.
+// BackendCapability: validation, incompatibilities in order, JSON (docs/contract.md, "Backend
+// capabilities").
 
 #include <gtest/gtest.h>
 
@@ -20,10 +20,10 @@ using testing::qwen3_sharding;
 
 using Reasons = std::vector<std::string>;
 
-// A WS1-style capability: TP=1 only, no padding, ignore_index-only masks, no LSE export,
+// A single-shard capability: TP=1 only, no padding, ignore_index-only masks, no LSE export,
 // fixed_topology only.
-CapabilityParams ws1_params() {
-  return {.backend_id = "test-batch-invariant-ws1",
+CapabilityParams single_shard_params() {
+  return {.backend_id = "test-single-shard-batch-invariant",
           .roles = {Role::train, Role::infer},
           .dtypes = {DType::bf16, DType::fp16, DType::fp32},
           .tp_world_sizes = std::vector<int64_t>{1},
@@ -34,7 +34,7 @@ CapabilityParams ws1_params() {
           .implementation_kind = ImplementationKind::reference};
 }
 
-// A capability that serves every contract of the section 7.1 family.
+// A capability that serves every contract of the Qwen3-8B example family.
 CapabilityParams full_params() {
   return {
       .backend_id = "test-deterministic-tp-logprob",
@@ -172,24 +172,24 @@ TEST(BackendCapability, Defaults) {
 
 // ----- Incompatibilities ----------------------------------------------------------------------
 
-TEST(Incompatibilities, Ws1CapabilityAgainstTheQwen3TP2Contract) {
-  const LogprobBackendCapability ws1(ws1_params());
-  EXPECT_EQ(ws1.incompatibilities(qwen3_contract()),
+TEST(Incompatibilities, SingleShardCapabilityAgainstTheQwen3TP2Contract) {
+  const LogprobBackendCapability single_shard(single_shard_params());
+  EXPECT_EQ(single_shard.incompatibilities(qwen3_contract()),
             (Reasons{"TP=2 is unsupported", "padded-vs-real vocab masking is unsupported",
                      "explicit active-token masking is unsupported",
                      "vocab-domain LSE export is unsupported",
                      "determinism_scope=cross_tp_bitwise is unsupported"}));
-  EXPECT_FALSE(ws1.supports(qwen3_contract()));
+  EXPECT_FALSE(single_shard.supports(qwen3_contract()));
 }
 
-TEST(Incompatibilities, TP1PaddedContractWithWs1HasOnlyThePaddingReasonOfTheShape) {
-  auto p = ws1_params();
+TEST(Incompatibilities, TP1PaddedContractWithSingleShardHasOnlyThePaddingReasonOfTheShape) {
+  auto p = single_shard_params();
   p.exports_vocab_lse = true;
   p.determinism_scopes = {DeterminismScope::cross_tp_bitwise};
-  const BackendCapability ws1(p);
-  const Reasons reasons = ws1.incompatibilities(tp1_contract(kQwen3PaddedTP2));
+  const BackendCapability single_shard(p);
+  const Reasons reasons = single_shard.incompatibilities(tp1_contract(kQwen3PaddedTP2));
   EXPECT_EQ(reasons, (Reasons{"padded-vs-real vocab masking is unsupported"}));
-  EXPECT_TRUE(ws1.supports(tp1_contract(kQwen3Real)));
+  EXPECT_TRUE(single_shard.supports(tp1_contract(kQwen3Real)));
 }
 
 TEST(Incompatibilities, EveryReasonInOrder) {
@@ -255,18 +255,18 @@ TEST(Incompatibilities, DeterminismScope) {
 }
 
 TEST(Incompatibilities, ReductionOrder) {
-  const LogprobContract seed_order(
+  const LogprobContract shard_index_order(
       {.role = Role::train,
        .dtype = DType::bf16,
        .mask = qwen3_mask(),
        .sharding = qwen3_sharding(),
        .reduction = ReductionSpec({.order = ReductionOrder::global_vocab_shard_index})});
   auto p = full_params();
-  EXPECT_EQ(BackendCapability(p).incompatibilities(seed_order),
+  EXPECT_EQ(BackendCapability(p).incompatibilities(shard_index_order),
             (Reasons{"order=global_vocab_shard_index is unsupported"}));
   p.reduction_orders = {ReductionOrder::global_vocab_shard_index,
                         ReductionOrder::canonical_tile_tree};
-  EXPECT_TRUE(BackendCapability(p).supports(seed_order));
+  EXPECT_TRUE(BackendCapability(p).supports(shard_index_order));
   EXPECT_TRUE(BackendCapability(p).supports(qwen3_contract()));
 }
 
@@ -275,13 +275,14 @@ TEST(Incompatibilities, TileWidths) {
   p.tile_widths = std::vector<int64_t>{128};
   const BackendCapability only128(p);
   EXPECT_TRUE(only128.supports(qwen3_contract()));
-  const LogprobContract seed_tiles({.role = Role::train,
-                                    .dtype = DType::bf16,
-                                    .mask = qwen3_mask(),
-                                    .sharding = qwen3_sharding(),
-                                    .num_vocab_tiles = 64});
-  EXPECT_EQ(only128.incompatibilities(seed_tiles), (Reasons{"tile_width=2376 is unsupported"}));
-  EXPECT_TRUE(BackendCapability(full_params()).supports(seed_tiles));  // nullopt: any width
+  const LogprobContract tile_count_form({.role = Role::train,
+                                         .dtype = DType::bf16,
+                                         .mask = qwen3_mask(),
+                                         .sharding = qwen3_sharding(),
+                                         .num_vocab_tiles = 64});
+  EXPECT_EQ(only128.incompatibilities(tile_count_form),
+            (Reasons{"tile_width=2376 is unsupported"}));
+  EXPECT_TRUE(BackendCapability(full_params()).supports(tile_count_form));  // nullopt: any width
 }
 
 TEST(Incompatibilities, TemperatureOnlyWhenNotOne) {
@@ -314,10 +315,11 @@ TEST(CapabilityJson, SortedValueListsAndNulls) {
             R"(["canonical_tile_tree","global_vocab_shard_index"],"roles":["infer","train"],)"
             R"("supports_temperature":true,"supports_vocab_padding":true,"tile_widths":null,)"
             R"("tp_world_sizes":[4,1,2]})");
-  const BackendCapability ws1(ws1_params());
-  EXPECT_NE(ws1.to_json().find(R"("tp_world_sizes":[1])"), std::string::npos);
-  EXPECT_NE(ws1.to_json().find(R"("mask_modes":["ignore_index"])"), std::string::npos);
-  EXPECT_NE(ws1.to_json().find(R"("reduction_orders":["canonical_tile_tree"])"), std::string::npos);
+  const BackendCapability single_shard(single_shard_params());
+  EXPECT_NE(single_shard.to_json().find(R"("tp_world_sizes":[1])"), std::string::npos);
+  EXPECT_NE(single_shard.to_json().find(R"("mask_modes":["ignore_index"])"), std::string::npos);
+  EXPECT_NE(single_shard.to_json().find(R"("reduction_orders":["canonical_tile_tree"])"),
+            std::string::npos);
 }
 
 }  // namespace

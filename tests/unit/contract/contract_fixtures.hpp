@@ -1,6 +1,6 @@
 #pragma once
-// Shared test helpers: the Qwen3-8B contracts of seed-semantics.md section 7.1 and an
-// expectation for ContractError messages.
+// Shared test helpers: the Qwen3-8B example contracts of docs/contract.md and expectations
+// for ContractError messages and codes.
 
 #include <gtest/gtest.h>
 
@@ -31,7 +31,7 @@ inline ShardingSpec qwen3_sharding(int64_t tp_rank = 0, int64_t cp_rank = 0) {
                        .cp_world_size = 2});
 }
 
-// The section 7.1 contract: Qwen3-8B, TP=2, CP=2, bf16, train, detlogp defaults.
+// The Qwen3-8B example contract: TP=2, CP=2, bf16, train, detlogp defaults.
 inline LogprobContract qwen3_contract(int64_t tp_rank = 0, int64_t cp_rank = 0) {
   return LogprobContract({.role = Role::train,
                           .dtype = DType::bf16,
@@ -57,5 +57,21 @@ template <typename Fn>
 
 #define EXPECT_CONTRACT_ERROR(statement, phrase) \
   EXPECT_TRUE(::detlogp::testing::throws_contract_error([&] { (void)(statement); }, phrase))
+
+// "<code>:<field>" of the ContractError `fn` throws, e.g. "out_of_range:temperature" (readable
+// in a failed EXPECT_EQ); "no ContractError" when it throws none.
+template <typename Fn>
+std::string contract_error_code(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ContractError& e) {
+    return std::string(to_string(e.code())) + ":" + e.field();
+  } catch (const std::exception&) {
+  }
+  return "no ContractError";
+}
+
+#define EXPECT_CONTRACT_ERROR_CODE(statement, code_and_field) \
+  EXPECT_EQ(::detlogp::testing::contract_error_code([&] { (void)(statement); }), code_and_field)
 
 }  // namespace detlogp::testing

@@ -1,10 +1,11 @@
 // ShardingSpec, MaskSpec, ReductionSpec, OutputSpec, LogprobContract and the shard-bound helpers
-// (seed-semantics.md sections 1.2-1.6 and the contract part of the section 8 checklist).
+// (the fields, defaults and validation order of docs/contract.md).
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -373,7 +374,7 @@ LogprobContract with_tiles(std::optional<int64_t> tile_width,
 TEST(LogprobContract, TileWidthResolution) {
   EXPECT_EQ(with_tiles(std::nullopt, std::nullopt).tile_width(), 128);
   EXPECT_EQ(with_tiles(256, std::nullopt).tile_width(), 256);
-  EXPECT_EQ(with_tiles(std::nullopt, 64).tile_width(), 2376);  // the seed's default: 152064/64
+  EXPECT_EQ(with_tiles(std::nullopt, 64).tile_width(), 2376);  // the tile-count form: 152064/64
   EXPECT_EQ(with_tiles(std::nullopt, 1188).tile_width(), 128);
   EXPECT_EQ(with_tiles(2376, 64).tile_width(), 2376);  // both given and agreeing
   EXPECT_EQ(with_tiles(std::nullopt, 1188), with_tiles(128, std::nullopt));
@@ -455,7 +456,7 @@ TEST(TileAlignment, Qwen3LayoutsAtWidth128) {
   EXPECT_NO_THROW(padding_only.check_tile_alignment());  // 151936 = 1187 * 128
 }
 
-TEST(TileAlignment, SeedTileCountMisalignsThePaddingOnlyLayout) {
+TEST(TileAlignment, TileCountFormMisalignsThePaddingOnlyLayout) {
   // 64 tiles of 2376 align the even TP2 bounds (76032 = 32 * 2376) but not 151936.
   EXPECT_NO_THROW(with_tiles(std::nullopt, 64).check_tile_alignment());
   const LogprobContract c(
@@ -518,7 +519,7 @@ TEST(BoundHelpers, EvenTileAlignedBounds) {
   // 1000 = 7 full tiles of 128 + one partial tile of 104: 8 tiles -> 3, 3, 2.
   EXPECT_EQ(even_tile_aligned_bounds(1000, 3, 128),
             (std::vector<VocabRange>{{0, 384}, {384, 768}, {768, 1000}}));
-  // The seed's drift layout: 32 tiles of 32 over 4 ranks.
+  // A small drift layout: 32 tiles of 32 over 4 ranks.
   EXPECT_EQ(even_tile_aligned_bounds(1024, 4, 32),
             (std::vector<VocabRange>{{0, 256}, {256, 512}, {512, 768}, {768, 1024}}));
   EXPECT_CONTRACT_ERROR(even_tile_aligned_bounds(256, 3, 128),
@@ -586,6 +587,75 @@ TEST(BoundHelpers, MegatronBoundsAreEqualShardsAlignedAt128) {
     EXPECT_NO_THROW(c.check_tile_alignment()) << "TP=" << tp;
   }
   EXPECT_EQ(megatron_bounds(kQwen3Real, 8).vocab_shard_bounds[7], (VocabRange{133504, 152576}));
+}
+
+// ----- Error codes ----------------------------------------------------------------------------
+
+TEST(ErrorCodes, MessageOnlyConstructorIsUnspecified) {
+  const ContractError e("some rule");
+  EXPECT_EQ(e.code(), ErrorCode::unspecified);
+  EXPECT_EQ(e.field(), "");
+  EXPECT_STREQ(e.what(), "some rule");
+  const ContractError copy = ContractError(ErrorCode::out_of_range, "tile_width", "bad");
+  EXPECT_EQ(copy.code(), ErrorCode::out_of_range);
+  EXPECT_EQ(copy.field(), "tile_width");
+}
+
+TEST(ErrorCodes, ShardingRulesCarryTheirCodeAndField) {
+  ShardingParams p = qwen3_tp2_params();
+  p.tp_world_size = 0;
+  EXPECT_CONTRACT_ERROR_CODE(ShardingSpec(p), "out_of_range:tp_world_size");
+  p = qwen3_tp2_params();
+  p.tp_rank = 2;
+  EXPECT_CONTRACT_ERROR_CODE(ShardingSpec(p), "conflicting_fields:tp_rank");
+  p = qwen3_tp2_params();
+  p.padded_vocab_size = kQwen3Real - 1;
+  EXPECT_CONTRACT_ERROR_CODE(ShardingSpec(p), "conflicting_fields:padded_vocab_size");
+  EXPECT_CONTRACT_ERROR_CODE(sharding_with_bounds({{0, 76032}, {76064, 152064}}),
+                             "bad_shard_bounds:vocab_shard_bounds");
+  EXPECT_CONTRACT_ERROR_CODE(qwen3_sharding().owner_rank(kQwen3Real),
+                             "token_out_of_vocab:token_id");
+  EXPECT_CONTRACT_ERROR_CODE(MaskSpec({.num_tokens = 3, .active_mask = {true}}),
+                             "wrong_shape:active_mask");
+}
+
+TEST(ErrorCodes, ContractRulesCarryTheirCodeAndField) {
+  auto with = [](auto&& change) {
+    ContractParams p{.role = Role::train,
+                     .dtype = DType::bf16,
+                     .mask = qwen3_mask(),
+                     .sharding = qwen3_sharding()};
+    change(p);
+    return LogprobContract(p);
+  };
+  EXPECT_CONTRACT_ERROR_CODE(with([](ContractParams& p) { p.export_lse = false; }),
+                             "unsupported_value:export_lse");
+  EXPECT_CONTRACT_ERROR_CODE(with([](ContractParams& p) { p.temperature = 0.0f; }),
+                             "out_of_range:temperature");
+  EXPECT_CONTRACT_ERROR_CODE(with([](ContractParams& p) { p.tile_width = 0; }),
+                             "out_of_range:tile_width");
+  EXPECT_CONTRACT_ERROR_CODE(with([](ContractParams& p) { p.num_vocab_tiles = 7; }),
+                             "conflicting_fields:num_vocab_tiles");
+  EXPECT_CONTRACT_ERROR_CODE(with([](ContractParams& p) { p.dtype.value = static_cast<DType>(9); }),
+                             "invalid_enum:dtype");
+  EXPECT_CONTRACT_ERROR_CODE(ReductionSpec({.acc_dtype = DType::bf16}),
+                             "unsupported_value:acc_dtype");
+  EXPECT_CONTRACT_ERROR_CODE(parse_enum<Merge>("lse_average", "merge"), "invalid_enum:merge");
+  // The alignment check of deterministic mode.
+  const LogprobContract misaligned = with([](ContractParams& p) { p.tile_width = 1000; });
+  EXPECT_CONTRACT_ERROR_CODE(misaligned.check_tile_alignment(),
+                             "tile_misaligned:vocab_shard_bounds");
+  // A valid contract throws nothing at all.
+  EXPECT_EQ(testing::contract_error_code([] { (void)qwen3_contract(); }), "no ContractError");
+}
+
+TEST(ErrorCodes, EveryCodeHasADistinctName) {
+  std::set<std::string_view> names;
+  for (int c = 0; c <= static_cast<int>(ErrorCode::unknown_platform); ++c) {
+    names.insert(to_string(static_cast<ErrorCode>(c)));
+  }
+  EXPECT_EQ(names.size(), static_cast<std::size_t>(ErrorCode::unknown_platform) + 1);
+  EXPECT_EQ(to_string(ErrorCode::out_of_range), "out_of_range");
 }
 
 }  // namespace

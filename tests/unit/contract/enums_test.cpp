@@ -34,7 +34,7 @@ TEST(Enums, EveryValueRoundTrips) {
   expect_round_trip<ImplementationKind>("implementation_kind");
 }
 
-TEST(Enums, ValueStringsAreTheSeedsPlusOurs) {
+TEST(Enums, ValueStringsAreTheCompatibleOnesPlusOurs) {
   EXPECT_EQ(to_string(Role::infer), "infer");
   EXPECT_EQ(to_string(DType::bf16), "bf16");
   EXPECT_EQ(to_string(DType::fp16), "fp16");

@@ -39,7 +39,7 @@ void print_contract(const LogprobContract& c) {
 }  // namespace
 
 int main() {
-  // The section 7.1 example on every rank of its TP2 x CP2 group.
+  // The Qwen3-8B example on every rank of its TP2 x CP2 group.
   for (int64_t cp = 0; cp < 2; ++cp) {
     for (int64_t tp = 0; tp < 2; ++tp) {
       print_contract(LogprobContract({.role = Role::train,
@@ -68,7 +68,7 @@ int main() {
                                     .sharding = qwen3_sharding(1, 0),
                                     .temperature = t}));
   }
-  // Other shapes: TP=4 Megatron layout, seed order and tile count, fixed_topology, fp16.
+  // Other shapes: TP=4 Megatron layout, shard-index order and tile count, fixed_topology, fp16.
   const VocabLayout tp8 = megatron_bounds(151936, 8);
   print_contract(LogprobContract(
       {.role = Role::train,

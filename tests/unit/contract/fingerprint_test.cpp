@@ -1,5 +1,5 @@
 // Provenance JSON, canonical serialisation and the cross-rank fingerprint
-// (seed-semantics.md sections 1.7 and 1.8 plus detlogp's fields).
+// (docs/contract.md, "JSON" and "Cross-rank fingerprint").
 
 #include <gtest/gtest.h>
 
@@ -25,8 +25,8 @@ using testing::qwen3_contract;
 using testing::qwen3_mask;
 using testing::qwen3_sharding;
 
-// The section 7.1 example (Qwen3-8B, TP=2, CP=2, bf16, rank tp0/cp0) with detlogp's defaults.
-// Computed by this implementation and independently in Python from the section 1.7 layout
+// The Qwen3-8B example (TP=2, CP=2, bf16, rank tp0/cp0) with detlogp's defaults.
+// Computed by this implementation and independently in Python from the documented layout
 // (docs/contract.md shows the snippet). It changes when kNumericsVersion changes.
 constexpr std::string_view kQwen3Json =
     R"({"dtype":"bf16","export_lse":true,"lse_domain":"vocab","mask":{"active_mask_sha256":)"
@@ -43,9 +43,9 @@ constexpr std::string_view kQwen3Json =
 constexpr std::string_view kQwen3Fingerprint =
     "17753223371fa09dd63041905fd59e85db8ffa88df4462aedf3f8cfb021bbef3";
 
-// The seed's canonical string for the same example (seed-semantics.md section 1.8) and its
-// fingerprint: what our JSON reduces to without detlogp's added fields, with the seed's order.
-constexpr std::string_view kSeedCanonical =
+// The compatible canonical string for the same example and its fingerprint (docs/contract.md,
+// "Compatibility"): our JSON without detlogp's added fields, order global_vocab_shard_index.
+constexpr std::string_view kCompatibleCanonical =
     R"({"dtype":"bf16","export_lse":true,"lse_domain":"vocab","mask":{"active_mask_sha256":)"
     R"("540fcad9a073311f536f7b0edf84c397681c9b90bb2ebb9e4a5793f06c3ed3d7","active_token_count":5,)"
     R"("ignore_index":-100,"num_tokens":8},"output":{"lse_dtype":"fp32","selected_logp_dtype":)"
@@ -55,7 +55,7 @@ constexpr std::string_view kSeedCanonical =
     R"("global_vocab_shard_index","transport":"all_gather"},"role":"train","semantic_operator":)"
     R"("selected_token_logprob","sharding":{"cp_world_size":2,"padded_vocab_size":152064,)"
     R"("real_vocab_size":151936,"tp_world_size":2,"vocab_shard_bounds":[[0,76032],[76032,152064]]}})";
-constexpr std::string_view kSeedFingerprint =
+constexpr std::string_view kCompatibleFingerprint =
     "163581f9e3dde7a0080c63c8659a6f7d8fbd41c699cf6b246cddccd618697c2d";
 
 TEST(ContractJson, Qwen3ExampleIsPinned) {
@@ -81,7 +81,7 @@ TEST(ContractJson, ReductionAndOutputBlocks) {
   EXPECT_EQ(nlohmann::json::parse(qwen3_contract().to_json()), j);
 }
 
-TEST(ContractJson, SharedPartIsByteIdenticalToTheSeed) {
+TEST(ContractJson, SharedPartIsByteIdenticalToTheCompatibleContract) {
   const LogprobContract c(
       {.role = Role::train,
        .dtype = DType::bf16,
@@ -95,8 +95,8 @@ TEST(ContractJson, SharedPartIsByteIdenticalToTheSeed) {
   ASSERT_EQ(j["reduction"].erase("tile_width"), 1u);
   ASSERT_EQ(j.erase("temperature"), 1u);
   ASSERT_EQ(j.erase("numerics_version"), 1u);
-  EXPECT_EQ(canonical_json(j), kSeedCanonical);
-  EXPECT_EQ(sha256_hex(canonical_json(j)), kSeedFingerprint);
+  EXPECT_EQ(canonical_json(j), kCompatibleCanonical);
+  EXPECT_EQ(sha256_hex(canonical_json(j)), kCompatibleFingerprint);
 }
 
 TEST(Fingerprint, EqualOnEveryRankOfOneInvocation) {

@@ -220,7 +220,7 @@ struct Case {
   std::vector<RowKind> kinds;
   int tp;
   bool even;
-  uint64_t seed;
+  uint64_t stream;
 };
 
 std::string describe(const Case& c) {
@@ -228,13 +228,13 @@ std::string describe(const Case& c) {
          " R=" + std::to_string(c.real) + " padded=" + std::to_string(c.padded) +
          " W=" + std::to_string(c.tile_width) + " tau=" + std::to_string(c.temperature) +
          " tp=" + std::to_string(c.tp) + (c.even ? " even" : " uneven") +
-         " seed=" + std::to_string(c.seed);
+         " stream=" + std::to_string(c.stream);
 }
 
 // GPU vs scalar reference, bitwise: partials, roots, target logits, logp, gradients.
 void check_case(const Case& c) {
   SCOPED_TRACE(describe(c));
-  std::mt19937_64 rng(c.seed);
+  std::mt19937_64 rng(c.stream);
   std::vector<int64_t> targets;
   const Logits x =
       testing::make_logits(c.dtype, c.rows, c.padded, c.real, c.kinds, rng, &targets, c.row_stride);
@@ -288,13 +288,13 @@ std::vector<RowKind> random_kinds() {
 
 TEST(CudaKernels, RandomEveryDtypeTileWidthTemperature) {
   DETLOGP_REQUIRE_GPU();
-  uint64_t seed = 1;
+  uint64_t stream = 1;
   for (DType d : kDtypes) {
     for (int64_t w : {128, 32, 64, 96, 1, 7, 200, 256}) {
       for (float tau : {1.0f, 0.7f}) {
         const int64_t real = 37 * w + 5;
         const int64_t padded = (real + w - 1) / w * w + 2 * w;
-        check_case({d, 9, real, padded, w, padded + 3, tau, random_kinds(), 1, true, seed++});
+        check_case({d, 9, real, padded, w, padded + 3, tau, random_kinds(), 1, true, stream++});
       }
     }
   }
@@ -302,14 +302,14 @@ TEST(CudaKernels, RandomEveryDtypeTileWidthTemperature) {
 
 TEST(CudaKernels, AdversarialRowsEveryDtype) {
   DETLOGP_REQUIRE_GPU();
-  uint64_t seed = 100;
+  uint64_t stream = 100;
   for (DType d : kDtypes) {
     for (int tp : {1, 2, 4}) {
       for (bool even : {true, false}) {
         // 16 row kinds, 2 rows each; a vocabulary of 23 full tiles and a partial one, padding.
         check_case({d, 32, 23 * 128 + 77, 26 * 128, 128, 26 * 128 + 8, 1.0f,
-                    testing::all_row_kinds(), tp, even, seed++});
-        check_case({d, 16, 300, 448, 64, -1, 1.5f, testing::all_row_kinds(), tp, even, seed++});
+                    testing::all_row_kinds(), tp, even, stream++});
+        check_case({d, 16, 300, 448, 64, -1, 1.5f, testing::all_row_kinds(), tp, even, stream++});
       }
     }
   }
@@ -326,10 +326,10 @@ TEST(CudaKernels, LargeNodesAndManyChunks) {
 
 TEST(CudaKernels, Qwen3ShapedEveryDtype) {
   DETLOGP_REQUIRE_GPU();
-  uint64_t seed = 300;
+  uint64_t stream = 300;
   for (DType d : kDtypes) {
-    check_case({d, 24, 151936, 152064, 128, -1, 1.0f, random_kinds(), 1, true, seed++});
-    check_case({d, 16, 151936, 152064, 128, -1, 1.0f, testing::all_row_kinds(), 2, true, seed++});
+    check_case({d, 24, 151936, 152064, 128, -1, 1.0f, random_kinds(), 1, true, stream++});
+    check_case({d, 16, 151936, 152064, 128, -1, 1.0f, testing::all_row_kinds(), 2, true, stream++});
   }
 }
 

@@ -66,8 +66,8 @@ Matrix make_matrix(const std::vector<float>& values, int64_t rows, int64_t cols,
 
 // Row kinds that stress every special case of the canon.
 std::vector<float> adversarial_values(int64_t rows, int64_t cols, int64_t real_cols,
-                                      uint64_t seed) {
-  std::mt19937_64 rng(seed);
+                                      uint64_t stream) {
+  std::mt19937_64 rng(stream);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int64_t> col(0, std::max<int64_t>(real_cols - 1, 0));
   std::vector<float> v(static_cast<size_t>(rows * cols));
@@ -216,7 +216,7 @@ struct ForwardCase {
   int64_t cols;  // padded shard width (one shard at vocab_start 0) unless split
   int64_t rows;
   float temperature;
-  uint64_t seed;
+  uint64_t stream;
 };
 
 std::vector<NodePartial> partials_of(const ShardKernels& k, const LogitsView& v,
@@ -232,7 +232,7 @@ void check_forward(const ForwardCase& fc, const ShardKernels& k) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(fc.dtype)) + " W " +
                std::to_string(fc.tile_width) + " R " + std::to_string(fc.real_vocab) + " cols " +
                std::to_string(fc.cols) + " tau " + std::to_string(fc.temperature));
-  const std::vector<float> values = adversarial_values(fc.rows, fc.cols, fc.real_vocab, fc.seed);
+  const std::vector<float> values = adversarial_values(fc.rows, fc.cols, fc.real_vocab, fc.stream);
   const Matrix m = make_matrix(values, fc.rows, fc.cols, fc.cols + 5, fc.dtype);
   ShardSpec spec;
   spec.geometry = TileGeometry{fc.real_vocab, fc.tile_width};
@@ -402,7 +402,7 @@ struct BackwardCase {
   float temperature;
   bool logp, lse, entropy;  // which incoming gradients are supplied
   float grad_scale;
-  uint64_t seed;
+  uint64_t stream;
 };
 
 std::vector<uint8_t> run_backward(const ShardKernels& k, const Matrix& m, const ShardSpec& spec,
@@ -419,7 +419,7 @@ void check_backward(const BackwardCase& bc, const ShardKernels& k) {
                std::to_string(bc.tile_width) + " R " + std::to_string(bc.real_vocab) + " tau " +
                std::to_string(bc.temperature) + " grads " + std::to_string(bc.logp) +
                std::to_string(bc.lse) + std::to_string(bc.entropy));
-  const std::vector<float> values = adversarial_values(bc.rows, bc.cols, bc.real_vocab, bc.seed);
+  const std::vector<float> values = adversarial_values(bc.rows, bc.cols, bc.real_vocab, bc.stream);
   const Matrix m = make_matrix(values, bc.rows, bc.cols, bc.cols + 3, bc.dtype);
   ShardSpec spec;
   spec.geometry = TileGeometry{bc.real_vocab, bc.tile_width};
@@ -430,7 +430,7 @@ void check_backward(const BackwardCase& bc, const ShardKernels& k) {
   const auto parts = partials_of(reference_kernels(), m.view(), spec, cover, true);
   std::vector<float> lse(static_cast<size_t>(bc.rows)), h(lse.size());
   reference_kernels().merge_roots(spec.geometry, cover, parts, bc.rows, RootsOut{lse, h});
-  std::mt19937_64 rng(bc.seed + 100);
+  std::mt19937_64 rng(bc.stream + 100);
   std::normal_distribution<float> normal(0.0f, bc.grad_scale);
   std::vector<int64_t> target(lse.size());
   std::vector<float> g_logp(lse.size()), g_lse(lse.size()), g_h(lse.size());

@@ -1,4 +1,4 @@
-// Accuracy of the scalar reference kernels against long double (issue 3 tolerances), and the
+// Accuracy of the scalar reference kernels against long double (the accuracy goals), and the
 // backward formula against finite differences of the double-precision loss.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The scalar reference kernels on adversarial rows (numerics.md, issue 3): huge and -1e30
+// The scalar reference kernels on adversarial rows (docs/numerics.md): huge and -1e30
 // logits, -inf in real columns, rows whose only finite logit is the target, ties, subnormals,
 // -0.0, constant rows, all -inf rows, NaN and +inf, finite logits whose differences overflow,
 // tiles partly padding, vocab sizes not multiples of 32 or W, W not a multiple of 32. Also the

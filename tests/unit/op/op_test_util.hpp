@@ -52,8 +52,8 @@ struct FullLogits {
 
 // Gaussian logits * scale in the real columns; `padding_value` in columns >= real.
 inline FullLogits make_logits(DType dtype, int64_t rows, int64_t real, int64_t padded,
-                              uint32_t seed, float scale = 3.0f, float padding_value = 1e4f) {
-  std::mt19937 gen(seed);
+                              uint32_t stream, float scale = 3.0f, float padding_value = 1e4f) {
+  std::mt19937 gen(stream);
   std::normal_distribution<float> normal(0.0f, scale);
   FullLogits out;
   out.dtype = dtype;

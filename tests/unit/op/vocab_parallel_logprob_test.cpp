@@ -17,16 +17,16 @@ const ShardKernels& fast() { return simd_kernels(); }
 
 VocabParallelLogprob canonical_op() { return VocabParallelLogprob(fast(), "test-canonical"); }
 
-std::vector<int64_t> random_targets(int64_t rows, int64_t real, uint32_t seed) {
-  std::mt19937 gen(seed);
+std::vector<int64_t> random_targets(int64_t rows, int64_t real, uint32_t stream) {
+  std::mt19937 gen(stream);
   std::uniform_int_distribution<int64_t> dist(0, real - 1);
   std::vector<int64_t> t(static_cast<std::size_t>(rows));
   for (auto& v : t) v = dist(gen);
   return t;
 }
 
-std::vector<float> random_grads(int64_t rows, uint32_t seed) {
-  std::mt19937 gen(seed);
+std::vector<float> random_grads(int64_t rows, uint32_t stream) {
+  std::mt19937 gen(stream);
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::vector<float> g(static_cast<std::size_t>(rows));
   for (auto& v : g) v = n(gen);
@@ -253,6 +253,54 @@ TEST(VocabParallelLogprob, ValidationKeyPhrases) {
   expect_phrase(
       [&] { op.forward(logits.shard(0, 32), targets, c, self, {.deterministic = false}); },
       "cross_tp_bitwise");
+}
+
+// The same checks by code and field, where the wording is not the point.
+TEST(VocabParallelLogprob, ValidationErrorCodes) {
+  const int64_t real = 27, padded = 32, rows = 6;
+  const auto op = canonical_op();
+  auto logits = make_logits(DType::fp32, rows, real, padded, 1, 1.0f);
+  std::vector<int64_t> targets = {1, 5, 26, 0, 13, 2};
+  const Layout layout{real, padded, {{0, padded}}};
+  const LogprobContract c = make_contract(layout, 0, rows, {.tile_width = 4});
+  SelfComm self;
+  auto code_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const ContractError& e) {
+      return std::string(to_string(e.code())) + ":" + e.field();
+    }
+    return "no ContractError";
+  };
+  EXPECT_EQ(code_of([&] { op.forward(logits.shard(0, 31), targets, c, self); }),
+            "wrong_shape:local_logits");
+  auto bf = make_logits(DType::bf16, rows, real, padded, 1, 1.0f);
+  EXPECT_EQ(code_of([&] { op.forward(bf.shard(0, 32), targets, c, self); }),
+            "wrong_dtype:local_logits");
+  std::vector<int64_t> bad_targets = targets;
+  bad_targets[2] = real;
+  EXPECT_EQ(code_of([&] { op.forward(logits.shard(0, 32), bad_targets, c, self); }),
+            "token_out_of_vocab:target_ids");
+  EXPECT_EQ(
+      code_of([&] { op.forward(logits.shard(0, 32), targets, c, self, {.deterministic = false}); }),
+      "mode_mismatch:deterministic");
+  EXPECT_EQ(code_of([&] { op.forward(logits.shard(0, 32), targets, c, self); }),
+            "no ContractError");
+
+  // Two ranks, one of which passes the wrong dtype: it keeps its own code through the
+  // preflight, the other learns of it as ranks_disagree.
+  const Layout two{real, padded, {{0, 16}, {16, 32}}};
+  std::vector<std::string> codes(2);
+  run_ranks(2, [&](Communicator& comm) {
+    const auto cc = make_contract(two, comm.rank(), rows, {.tile_width = 4});
+    const VocabRange b = two.bounds[static_cast<std::size_t>(comm.rank())];
+    codes[static_cast<std::size_t>(comm.rank())] = code_of([&] {
+      op.forward(comm.rank() == 0 ? bf.shard(b.start, b.end) : logits.shard(b.start, b.end),
+                 targets, cc, comm);
+    });
+  });
+  EXPECT_EQ(codes[0], "wrong_dtype:local_logits");
+  EXPECT_EQ(codes[1], "ranks_disagree:");
 }
 
 // Every rank throws "cross-rank preflight failed" (or its own local error) and nobody hangs.

@@ -20,7 +20,7 @@ using ::testing::Not;
 const std::set<Role> kRoles = {Role::train, Role::infer};
 const std::set<DType> kDtypes = {DType::bf16, DType::fp16, DType::fp32};
 
-// Qwen3-8B TP=2 bf16 (section 7.1), rank 0, with the given determinism scope.
+// The Qwen3-8B example at TP=2, bf16, rank 0, with the given determinism scope.
 LogprobContract qwen_tp2(DeterminismScope scope = DeterminismScope::cross_tp_bitwise,
                          int64_t cp = 1) {
   ShardingSpec sh({.tp_rank = 0,
@@ -50,7 +50,7 @@ LogprobContract tp1(int64_t real, int64_t padded, bool all_active = true) {
   return LogprobContract({.role = Role::train, .dtype = DType::fp32, .mask = mask, .sharding = sh});
 }
 
-BackendCapability ws1_cap(const std::string& id, ImplementationKind kind) {
+BackendCapability single_shard_cap(const std::string& id, ImplementationKind kind) {
   return BackendCapability({.backend_id = id,
                             .roles = kRoles,
                             .dtypes = kDtypes,
@@ -87,10 +87,10 @@ std::string dispatch_error(Registry& r, const LogprobContract& c, std::string_vi
   return "";
 }
 
-TEST(Registry, Ws1OnlyRejectsTp2ContractWithEveryReason) {
+TEST(Registry, SingleShardOnlyRejectsTp2ContractWithEveryReason) {
   Registry r;
-  r.register_logprob_backend(reference_backend("WS1_A", "ws1-a"),
-                             ws1_cap("ws1-a", ImplementationKind::production));
+  r.register_logprob_backend(reference_backend("SINGLE_SHARD_A", "single-shard-a"),
+                             single_shard_cap("single-shard-a", ImplementationKind::production));
   const std::string msg = dispatch_error(r, qwen_tp2());
   EXPECT_THAT(msg, HasSubstr("TP=2 is unsupported"));
   EXPECT_THAT(msg, HasSubstr("vocab-domain LSE export is unsupported"));
@@ -103,10 +103,10 @@ TEST(Registry, Ws1OnlyRejectsTp2ContractWithEveryReason) {
   EXPECT_THAT(msg1, HasSubstr("padded-vs-real vocab masking is unsupported"));
 }
 
-TEST(Registry, ReferencePolicySkipsWs1WithFallbackAndReasons) {
+TEST(Registry, ReferencePolicySkipsSingleShardWithFallbackAndReasons) {
   Registry r;
-  r.register_logprob_backend(reference_backend("WS1_REF", "ws1-ref"),
-                             ws1_cap("ws1-ref", ImplementationKind::reference));
+  r.register_logprob_backend(reference_backend("SINGLE_SHARD_REF", "single-shard-ref"),
+                             single_shard_cap("single-shard-ref", ImplementationKind::reference));
   r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
                              full_cap("vp-ref", ImplementationKind::reference));
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
@@ -206,7 +206,7 @@ TEST(Registry, RequestValidation) {
 TEST(Registry, RegistrationReplacesScopesPerPlatformAndRejectsUnknownPlatforms) {
   Registry r;
   const Backend b = reference_backend("VP", "vp");
-  r.register_logprob_backend(b, ws1_cap("vp", ImplementationKind::reference));
+  r.register_logprob_backend(b, single_shard_cap("vp", ImplementationKind::reference));
   r.register_logprob_backend(b, full_cap("vp", ImplementationKind::reference), "cpu", true);
   EXPECT_EQ(r.contract_candidates("cpu"), std::vector<std::string>{"VP"});
   EXPECT_TRUE(r.capability("cpu", "VP")->exports_vocab_lse());
@@ -297,9 +297,61 @@ TEST(Registry, BuiltinBackendsOrderAndTruthfulCapabilities) {
   EXPECT_EQ(
       nlohmann::json::parse(ref.provenance_json)["contract"]["reduction"]["determinism_scope"],
       "cross_tp_bitwise");
-  // The WS1-style backend serves nothing vocab-parallel: asking for it lists its reasons.
+  // The single-shard batch-invariant backend serves nothing vocab-parallel: asking for it
+  // lists its reasons.
   EXPECT_THAT(dispatch_error(*r, qwen_tp2(), std::string(kCpuBatchInvariantBackendId)),
               HasSubstr("vocab-domain LSE export is unsupported"));
+}
+
+// The id the single-shard backend had before its rename is still accepted for one release.
+TEST(Registry, RetiredBatchInvariantIdResolvesToTheCurrentId) {
+  constexpr std::string_view kRetired = "cpu-batch-invariant-logp-ws1";
+  EXPECT_EQ(resolve_retired_backend_id(kRetired), kCpuBatchInvariantBackendId);
+  EXPECT_EQ(resolve_retired_backend_id(kCpuCanonicalBackendId), kCpuCanonicalBackendId);
+  EXPECT_EQ(resolve_retired_backend_id("another-backend"), "another-backend");
+
+  // Built-in registry: the retired id reaches the single-shard backend (its own capability
+  // reasons), not a "does not match requested_backend" for every candidate.
+  auto builtin = Registry::with_builtin_backends();
+  const std::string msg = dispatch_error(*builtin, qwen_tp2(), kRetired);
+  EXPECT_THAT(msg, HasSubstr("CPU_BATCH_INVARIANT_LOGP: TP=2 is unsupported"));
+  EXPECT_THAT(msg, Not(HasSubstr("CPU_BATCH_INVARIANT_LOGP: backend_id=")));
+
+  // A registry where that id can serve the contract: dispatch resolves it, and the provenance
+  // keeps the request as given.
+  Registry r;
+  r.register_logprob_backend(
+      reference_backend("BATCH_INVARIANT_STANDIN", std::string(kCpuBatchInvariantBackendId)),
+      full_cap(std::string(kCpuBatchInvariantBackendId), ImplementationKind::reference));
+  const DispatchResult d = r.get_logprob_op(qwen_tp2(), std::string(" ") + std::string(kRetired));
+  EXPECT_EQ(d.actual_backend, kCpuBatchInvariantBackendId);
+  EXPECT_EQ(d.requested_backend, kRetired);
+  EXPECT_FALSE(d.fallback);
+}
+
+// Rejected requests and registrations carry a code and the field, not only a message.
+TEST(Registry, RejectionsCarryErrorCodes) {
+  auto code_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const ContractError& e) {
+      return std::string(to_string(e.code())) + ":" + e.field();
+    }
+    return "no ContractError";
+  };
+  Registry r;
+  EXPECT_EQ(code_of([&] { r.get_logprob_op(qwen_tp2(), "  "); }), "empty:requested_backend");
+  EXPECT_EQ(code_of([&] { r.get_logprob_op(qwen_tp2(), "Deterministic"); }),
+            "reserved_name:requested_backend");
+  EXPECT_EQ(code_of([&] { r.get_logprob_op(qwen_tp2(), "auto", "cuda-typo"); }),
+            "unknown_platform:platform");
+  EXPECT_EQ(
+      code_of([&] { r.register_logprob_backend(reference_backend("VP", "vp"), std::nullopt); }),
+      "empty:capability");
+  EXPECT_EQ(code_of([&] { (void)full_cap("Production", ImplementationKind::reference); }),
+            "reserved_name:backend_id");
+  // No fitting backend is not a contract violation: std::runtime_error, as before.
+  EXPECT_THROW(r.get_logprob_op(qwen_tp2()), std::runtime_error);
 }
 
 // The canon promises identical bits from both CPU backends; shown through the registry.

@@ -1,4 +1,4 @@
-// The scalar reference kernels: shared/design/numerics.md written out literally, one row, one
+// The scalar reference kernels: docs/numerics.md written out literally, one row, one
 // node, one column at a time, single-threaded. Every floating-point operation is a call into
 // numerics/canon.hpp; this file only decides which values go in, in which order:
 //

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes a small seed corpus for the io fuzz targets (standard library only).
+"""Writes a small starting corpus of valid files for the io fuzz targets (standard library only).
 
-usage: make_seeds.py <out-dir>   ->  <out-dir>/safetensors/*, <out-dir>/npy/*
+usage: make_corpus.py <out-dir>   ->  <out-dir>/safetensors/*, <out-dir>/npy/*
 """
 import json
 import os
@@ -58,27 +58,27 @@ def npy(descr, shape, major=1, align=64, py2=False):
 
 def main():
     out = sys.argv[1]
-    seeds = {"safetensors": [], "npy": []}
+    files_by_kind = {"safetensors": [], "npy": []}
     for dtype in DTYPES:
         for shape in SHAPES:
             if numel(shape) <= 6:
-                seeds["safetensors"].append(safetensors([("t", dtype, shape)]))
-    seeds["safetensors"] += [
+                files_by_kind["safetensors"].append(safetensors([("t", dtype, shape)]))
+    files_by_kind["safetensors"] += [
         safetensors([("logits", "BF16", (2, 4)), ("targets", "I64", (2,)), ("mask", "BOOL", (2,))],
-                    metadata={"producer": "seed", "format": "pt"}),
+                    metadata={"producer": "detlogp-fuzz", "format": "pt"}),
         safetensors([("a", "F32", (1,))], pad=False),
         safetensors([("a", "U8", (2,)), ("b", "U8", (0,))], compact=False),
         safetensors([]),
     ]
     for descr in ["<f4", "<f2", "<i8", "<i4", "|b1", "|u1"]:
         for shape in SHAPES:
-            seeds["npy"].append(npy(descr, shape))
-    seeds["npy"] += [npy("<f4", (2, 3), major=2), npy("<f4", (2, 3), major=3),
+            files_by_kind["npy"].append(npy(descr, shape))
+    files_by_kind["npy"] += [npy("<f4", (2, 3), major=2), npy("<f4", (2, 3), major=3),
                      npy("<i8", (3,), align=16), npy("<f2", (1, 2), py2=True)]
-    for kind, files in seeds.items():
+    for kind, files in files_by_kind.items():
         os.makedirs(os.path.join(out, kind), exist_ok=True)
         for i, content in enumerate(files):
-            with open(os.path.join(out, kind, f"seed_{i:03d}"), "wb") as f:
+            with open(os.path.join(out, kind, f"valid_{i:03d}"), "wb") as f:
                 f.write(content)
 
 
