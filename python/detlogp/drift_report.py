@@ -61,7 +61,7 @@ def _positive(value, field):
 
 @dataclasses.dataclass(frozen=True)
 class DriftCase:
-    """One topology's inputs: what every rank regenerates from ``seed`` and scores."""
+    """One topology's inputs: what every rank regenerates from ``batch_key`` and scores."""
 
     tp: int
     cp: int
@@ -73,7 +73,7 @@ class DriftCase:
     batch: int = 2
     seq: int = 16
     prompt_tokens: int = 8
-    seed: int = 123
+    batch_key: int = 123
     ignore_index: int = -100
     logit_scale: float = 2.0
 
@@ -156,7 +156,7 @@ def _case_args(case):
             "--backend", case.backend, "--real-vocab", str(case.real_vocab),
             "--padded-vocab", str(case.padded_vocab), "--num-vocab-tiles",
             str(case.num_vocab_tiles), "--batch", str(case.batch), "--seq", str(case.seq),
-            "--prompt-tokens", str(case.prompt_tokens), "--seed", str(case.seed),
+            "--prompt-tokens", str(case.prompt_tokens), "--batch-key", str(case.batch_key),
             "--ignore-index", str(case.ignore_index), "--logit-scale", str(case.logit_scale)]
 
 
@@ -191,7 +191,7 @@ def _inputs(case):
     every position but the first prompt_tokens of each sequence is scored."""
     import torch
 
-    g = torch.Generator().manual_seed(case.seed)
+    g = torch.Generator().manual_seed(case.batch_key)
     logits = torch.randn(case.tokens, case.padded_vocab, generator=g) * case.logit_scale
     logits[:, case.real_vocab:] = 1e4  # must never leak into a result
     targets = torch.randint(0, case.real_vocab, (case.tokens,), generator=g)
@@ -582,7 +582,7 @@ def _parser():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=8)
-    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--batch-key", type=int, default=123)
     p.add_argument("--ignore-index", type=int, default=-100)
     p.add_argument("--logit-scale", type=float, default=2.0)
     p.add_argument("--device", default="cpu", choices=("cpu",))
@@ -610,7 +610,7 @@ def main(argv=None):
         case = DriftCase(tp=args.tp, cp=args.cp, dtype=args.dtype, backend=args.backend,
                          real_vocab=args.real_vocab, padded_vocab=args.padded_vocab,
                          num_vocab_tiles=args.num_vocab_tiles, batch=args.batch, seq=args.seq,
-                         prompt_tokens=args.prompt_tokens, seed=args.seed,
+                         prompt_tokens=args.prompt_tokens, batch_key=args.batch_key,
                          ignore_index=args.ignore_index, logit_scale=args.logit_scale)
         if args.plan:
             cmds = [cmd for _, _, cmd in plan(case, args.output_dir, args.topologies)]

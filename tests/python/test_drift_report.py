@@ -14,7 +14,7 @@ from detlogp import LogprobContractError
 from detlogp import drift_report as dr
 
 SMALL = dict(real_vocab=13, padded_vocab=16, num_vocab_tiles=8, batch=1, seq=4, prompt_tokens=1,
-             seed=7)
+             batch_key=7)
 TIMEOUT_S = 240
 
 
@@ -55,7 +55,7 @@ def test_case_validation():
         small(padded_vocab=8)
     with pytest.raises(LogprobContractError, match="positive integer"):
         small(tp=0)
-    assert small().case_id != small(seed=8).case_id and len(small().case_id) == 16
+    assert small().case_id != small(batch_key=8).case_id and len(small().case_id) == 16
 
 
 def test_launch_command_and_plan(tmp_path):
