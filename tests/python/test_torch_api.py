@@ -16,8 +16,8 @@ REAL, V = 1000, 1024
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def logits_and_ids(b=3, s=7, v=V, dtype=torch.float32, rng_seed=0):
-    g = torch.Generator().manual_seed(rng_seed)
+def logits_and_ids(b=3, s=7, v=V, dtype=torch.float32, stream=0):
+    g = torch.Generator().manual_seed(stream)
     x = (torch.randn(b, s, v, generator=g) * 3).to(dtype)
     ids = torch.randint(0, REAL, (b, s), generator=g)
     return x, ids
@@ -188,7 +188,7 @@ def test_contract_is_cached_across_micro_batches():
     keep = torch.ones(3, 7, dtype=torch.bool)
     keep[0, :3] = False
     c1 = dt.vocab_parallel_logprobs(x, ids, loss_mask=keep, cache=cache, return_contract=True)[-1]
-    x2, ids2 = logits_and_ids(rng_seed=1)  # next micro-batch: new data, same shape and mask
+    x2, ids2 = logits_and_ids(stream=1)  # next micro-batch: new data, same shape and mask
     c2 = dt.vocab_parallel_logprobs(x2, ids2, loss_mask=keep, cache=cache,
                                     return_contract=True)[-1]
     assert c2 is c1
