@@ -1,4 +1,4 @@
-// `detlogp run --fused`: the fused lm_head on a seeded Qwen3-like shape (hidden states
+// `detlogp run --fused`: the fused lm_head on a keyed Qwen3-like shape (hidden states
 // [tokens, H], an lm_head weight [padded, H] in the run's dtype) at every requested TP degree on
 // the in-process rank group: forward with entropy and backward into both the hidden states and
 // each rank's weight shard. Checked bitwise: the fused outputs against linear_logits + the
@@ -121,7 +121,7 @@ int fused_run_command(const RunOptions& o) {
   const int64_t hs = o.hidden;
   const std::size_t esz = dtype_size(dtype);
   const SyntheticSpec spec{
-      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .seed = o.seed};
+      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .key = o.batch_key};
   const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
 
   std::vector<VocabLayout> layouts;
@@ -133,9 +133,9 @@ int fused_run_command(const RunOptions& o) {
   Progress progress(true);
   progress.step("[run --fused] generating hidden states and lm_head weight...");
   std::vector<uint8_t> hidden, weight;
-  fill(hidden, dtype, o.tokens, hs, o.seed, 1.0, threads);
+  fill(hidden, dtype, o.tokens, hs, o.batch_key, 1.0, threads);
   // Logit scale about 2.5: weight entries ~ N(0, (2.5 / sqrt(H))^2).
-  fill(weight, dtype, padded_max, hs, o.seed + 1, 2.5 / std::sqrt(static_cast<double>(hs)),
+  fill(weight, dtype, padded_max, hs, o.batch_key + 1, 2.5 / std::sqrt(static_cast<double>(hs)),
        threads);
   const LogitsView hidden_view{hidden.data(), dtype, o.tokens, hs, hs};
   const FusedLinearLogprob op;
