@@ -29,6 +29,7 @@
 
 #include "cli.hpp"
 #include "device.hpp"
+#include "io/memory.hpp"
 #include "numerics/element_io.hpp"
 #include "parallel.hpp"
 #include "progress.hpp"
@@ -130,7 +131,18 @@ int bench_command(const BenchOptions& o) {
 
   Progress progress(true);
   progress.step("[bench] generating synthetic logits...");
-  std::vector<std::byte> logits(static_cast<std::size_t>(n * v) * esz), grad(logits.size());
+  // Logits and gradient, each tokens x padded: refuse up front what this process cannot hold.
+  const std::uint64_t bytes_each =
+      io::checked_product({static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(v), esz},
+                          "--tokens x vocabulary x dtype size");
+  io::require_memory(
+      io::checked_product({2, bytes_each}, "the logits and the gradient"),
+      fmt::format("--tokens {} x {} columns of {} (the logits and the gradient)", n, v, o.dtype),
+      "use fewer --tokens");
+  std::vector<std::byte> logits =
+      io::allocate_bytes(static_cast<std::size_t>(bytes_each), "[bench] allocating the logits");
+  std::vector<std::byte> grad =
+      io::allocate_bytes(static_cast<std::size_t>(bytes_each), "[bench] allocating the gradient");
   fill_logits(spec, 0, n, 0, v, logits.data(), v, threads);
   const SyntheticRows rows = synthetic_rows(spec, 0, n);
   DeviceBuffer device_logits, device_grad;

@@ -2,6 +2,8 @@
 // What every command of the detlogp command line shares: exit codes, the usage error, and the
 // commands' entry points (one file each; main.cpp registers their options with CLI11).
 
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -30,8 +32,9 @@ struct RunOptions {
   uint64_t batch_key = 2026;
   float temperature = 1.0f;
   std::string backend = "auto";
-  std::string comm = "auto";   // auto | in-process | mpi
-  std::string device = "cpu";  // cpu | cuda (device.hpp)
+  std::string comm = "auto";        // auto | in-process | mpi
+  std::string device = "cpu";       // cpu | cuda (device.hpp)
+  double collective_timeout = 600;  // seconds a rank waits in one collective; 0: no limit
   bool json = false;
   bool fused = false;     // the fused lm_head from hidden states (fused_run_command.cpp)
   int64_t hidden = 4096;  // --fused: hidden size H
@@ -50,6 +53,7 @@ struct LogprobOptions {
   std::string grad_logp, grad_lse, grad_entropy;
   bool deterministic = true;
   int threads = 0;
+  double collective_timeout = 600;  // seconds (see RunOptions)
   std::string out;
   std::string provenance;
 };
@@ -85,6 +89,10 @@ int resolve_threads(int requested);
 // Rank r's share of `total` threads over `ranks` ranks (earlier ranks take the remainder; at
 // least 1 each).
 int rank_threads(int total, int ranks, int rank);
+// --collective-timeout in seconds -> milliseconds; UsageError unless finite and in [0, 10^9].
+std::chrono::milliseconds parse_collective_timeout(double seconds);
+// UsageError unless 1 <= tp <= kMaxInProcessRanks (the in-process group's limit).
+void check_in_process_tp(int64_t tp, const char* option);
 // "1,2,4" -> {1, 2, 4}; UsageError for anything else (option named in the message).
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
 

@@ -15,6 +15,7 @@
 #include "detlogp/version.hpp"
 #include "device.hpp"
 #include "io/file.hpp"
+#include "io/memory.hpp"
 #include "io/tensor_file.hpp"
 #include "scoring.hpp"
 
@@ -97,7 +98,8 @@ int logprob_command(const LogprobOptions& o) {
       }
     }
   }
-  if (o.tp < 1) throw UsageError(fmt::format("--tp must be >= 1; got {}", o.tp));
+  check_in_process_tp(o.tp, "--tp");
+  const std::chrono::milliseconds timeout = parse_collective_timeout(o.collective_timeout);
   if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
     throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
   }
@@ -160,12 +162,20 @@ int logprob_command(const LogprobOptions& o) {
       .entropy = o.entropy,
       .targets = targets,
       .active = &active,
-      .grads = {.grad_logp = grad_logp, .grad_lse = grad_lse, .grad_entropy = grad_entropy}};
+      .grads = {.grad_logp = grad_logp, .grad_lse = grad_lse, .grad_entropy = grad_entropy},
+      .collective_timeout = timeout};
   const bool backward = wants_backward(req.grads);
+  if (backward) {
+    io::require_memory(logits_t.data.size(),
+                       fmt::format("the gradient of {} ({} x {} of {})", o.logits, tokens, padded,
+                                   to_string(logits.dtype)),
+                       "use a file with fewer tokens, or no --grad-* options (no gradient)");
+  }
   io::Tensor grad_t{.name = "grad_logits",
                     .dtype = logits_t.dtype,
                     .shape = {tokens, padded},
-                    .data = std::vector<std::byte>(backward ? logits_t.data.size() : 0)};
+                    .data = io::allocate_bytes(backward ? logits_t.data.size() : 0,
+                                               "allocating the logits gradient")};
   const MutableLogitsView grad =
       backward ? io::as_mutable_logits_view(grad_t, o.out) : MutableLogitsView{};
   // --device cuda: the logits (same row stride) and the gradient on the GPU; the gradient
@@ -194,10 +204,12 @@ int logprob_command(const LogprobOptions& o) {
   }
   const RankScore& r0 = ranks[0];
 
-  // Outputs: the provenance's temp file first (a bad path fails before anything is written),
-  // then the tensors, then the provenance; each is atomic.
+  // Outputs, all or nothing: both temp files are created and written in full, then renamed into
+  // place together (commit_all), so a failure anywhere (a bad path, a full disk, an I/O error
+  // on either file) leaves every old file at these paths as it was.
   std::optional<io::AtomicOutputFile> provenance;
   if (!o.provenance.empty()) provenance.emplace(o.provenance);
+  io::AtomicOutputFile tensors_out(o.out);
   const int64_t n = tokens;
   std::vector<io::TensorRef> out;
   const std::vector<int64_t> shape1{n};
@@ -218,7 +230,7 @@ int logprob_command(const LogprobOptions& o) {
                               {"tile_width", std::to_string(w)},
                               {"temperature", fmt::format("{}", o.temperature)},
                               {"deterministic", o.deterministic ? "true" : "false"}};
-  io::write_tensors(o.out, out, metadata);
+  io::write_tensors_to(tensors_out, out, metadata);
   std::string names;
   for (const io::TensorRef& t : out) names += (names.empty() ? "" : ", ") + std::string(t.name);
   const std::string summary = fmt::format(
@@ -226,19 +238,15 @@ int logprob_command(const LogprobOptions& o) {
       "backend {} ({})\n",
       o.out, names, tokens, std::count(active.begin(), active.end(), true), padded, real,
       to_string(logits.dtype), o.tp, w, r0.actual_backend, r0.kernel);
+  std::vector<io::AtomicOutputFile*> outputs{&tensors_out};
   if (provenance) {
     nlohmann::json j = nlohmann::json::parse(r0.provenance_json);
     j["contract_fingerprint"] = r0.contract_fingerprint;
     const std::string text = j.dump(2) + "\n";
-    try {
-      provenance->write(std::as_bytes(std::span(text)));
-      provenance->commit();
-    } catch (...) {
-      std::error_code ec;
-      std::filesystem::remove(o.out, ec);  // all or nothing
-      throw;
-    }
+    provenance->write(std::as_bytes(std::span(text)));
+    outputs.push_back(&*provenance);
   }
+  io::commit_all(outputs);
   std::fputs(summary.c_str(), stdout);
   if (provenance) std::printf("wrote %s\n", o.provenance.c_str());
   return kExitOk;

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "cli.hpp"
@@ -44,6 +45,9 @@ void add_run(CLI::App& app, RunOptions& o) {
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
       ->capture_default_str();
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "seconds a rank waits in one collective for the others (0: no limit)")
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object instead of the table");
   app.add_flag("--fused", o.fused,
                "the fused lm_head: hidden states and an lm_head weight instead of logits "
@@ -78,6 +82,9 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
                  "true: the canon (cross-TP bitwise); false: fixed-topology fast mode")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "threads in total (0: all)")->capture_default_str();
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "seconds a rank waits in one collective for the others (0: no limit)")
+      ->capture_default_str();
   app.add_option("--out", o.out, "output .safetensors (logp, lse, entropy, grad_logits)")
       ->required();
   app.add_option("--provenance", o.provenance, "write the dispatch provenance JSON here");
@@ -168,6 +175,12 @@ int main(int argc, char** argv) {
       return bench_command(bench_opts);
     }
     std::cerr << app.help();
+    return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    // The commands check their big allocations up front; this is the last line of defence.
+    std::cerr << command
+              << ": error: out of memory (an allocation failed); use a smaller input or fewer "
+                 "--tokens\n";
     return kExitBadInput;
   } catch (const std::exception& e) {
     // ContractError and UsageError (bad input), std::runtime_error (no backend fits, a file

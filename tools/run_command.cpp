@@ -15,6 +15,7 @@
 
 #include "cli.hpp"
 #include "device.hpp"
+#include "io/memory.hpp"
 #include "progress.hpp"
 #include "run_checks.hpp"
 #include "run_report.hpp"
@@ -52,6 +53,7 @@ void check_common(const RunOptions& o) {
   if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
   parse_dtype(o.dtype, "--dtype");
   parse_device(o.device);
+  parse_collective_timeout(o.collective_timeout);
 }
 
 }  // namespace
@@ -63,6 +65,25 @@ int resolve_threads(int requested) {
 
 int rank_threads(int total, int ranks, int rank) {
   return std::max(1, total / ranks + (rank < total % ranks ? 1 : 0));
+}
+
+std::chrono::milliseconds parse_collective_timeout(double seconds) {
+  if (!(std::isfinite(seconds) && seconds >= 0 && seconds <= 1e9)) {
+    throw UsageError(fmt::format(
+        "--collective-timeout must be a number of seconds in [0, 1e9] (0: no limit); got {}",
+        seconds));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+void check_in_process_tp(int64_t tp, const char* option) {
+  if (tp < 1 || tp > kMaxInProcessRanks) {
+    throw UsageError(fmt::format(
+        "{} {} must be in [1, {}]: the in-process group runs every TP rank as a thread of this "
+        "process and the memory of its collectives grows with the square of the degree (use "
+        "--comm mpi for more ranks)",
+        option, tp, kMaxInProcessRanks));
+  }
 }
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
@@ -104,6 +125,8 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   }
   if (o.cp != 1) throw UsageError("--cp needs --comm mpi (context parallelism splits processes)");
   const std::vector<int64_t> tps = parse_int_list(o.tp.empty() ? "1,2,4" : o.tp, "--tp");
+  for (int64_t tp : tps) check_in_process_tp(tp, "--tp");
+  const std::chrono::milliseconds timeout = parse_collective_timeout(o.collective_timeout);
   init_device(device);
   const DType dtype = parse_dtype(o.dtype, "--dtype");
   const int threads = resolve_threads(o.threads);
@@ -120,20 +143,18 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   Progress progress(true);
   progress.step("[run] generating synthetic logits...");
   const std::size_t esz = dtype_size(dtype);
-  // Logits and gradient, each tokens x padded: refuse up front what this machine cannot hold
+  // Logits and gradient, each tokens x padded: refuse up front what this process cannot hold
   // (instead of a bare std::bad_alloc, or the kernel's OOM killer, halfway through).
-  const double needed =
-      2.0 * static_cast<double>(o.tokens) * static_cast<double>(stride) * static_cast<double>(esz);
-  const double physical =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  if (physical > 0 && needed > 0.8 * physical) {
-    throw UsageError(fmt::format(
-        "--tokens {} x {} columns of {} needs {:.1f} GB for the logits and the gradient; this "
-        "machine has {:.1f} GB: use fewer --tokens",
-        o.tokens, stride, o.dtype, needed / 1e9, physical / 1e9));
-  }
-  const std::size_t bytes = static_cast<std::size_t>(o.tokens * stride) * esz;
-  std::vector<std::byte> logits(bytes), grad(bytes);
+  const std::uint64_t bytes_each = io::checked_product(
+      {static_cast<std::uint64_t>(o.tokens), static_cast<std::uint64_t>(stride), esz},
+      "--tokens x vocabulary columns x dtype size");
+  io::require_memory(io::checked_product({2, bytes_each}, "the logits and the gradient"),
+                     fmt::format("--tokens {} x {} columns of {} (the logits and the gradient)",
+                                 o.tokens, stride, o.dtype),
+                     "use fewer --tokens");
+  const std::size_t bytes = static_cast<std::size_t>(bytes_each);
+  std::vector<std::byte> logits = io::allocate_bytes(bytes, "[run] allocating the logits");
+  std::vector<std::byte> grad = io::allocate_bytes(bytes, "[run] allocating the gradient");
   fill_logits(spec, 0, o.tokens, 0, stride, logits.data(), stride, threads);
   const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
   // The buffers the ranks read and write: the host's for cpu; for cuda one device copy of the
@@ -174,6 +195,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
                      .grads = {.grad_logp = rows.grad_logp,
                                .grad_lse = rows.grad_lse,
                                .grad_entropy = rows.grad_entropy},
+                     .collective_timeout = timeout,
                      .on_phase = [&](const std::string& p) { progress.step(tag + p + "..."); }};
     // Garbage (all bits set: NaN) so that a column backward does not write shows.
     std::memset(grad.data(), 0xff, grad.size());

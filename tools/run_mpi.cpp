@@ -6,6 +6,7 @@
 // digests of the same options.
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 
 #include "cli.hpp"
 #include "detlogp/mpi_comm.hpp"
+#include "io/memory.hpp"
 #include "progress.hpp"
 #include "run_checks.hpp"
 #include "run_report.hpp"
@@ -103,15 +105,35 @@ Topology topology(const RunOptions& o, int world) {
   return t;
 }
 
-// Everything that fails the same way on every process, checked before any collective: the
-// topology, and whether the registry can serve the request at all (TP rank 0's contract).
-void preflight(const RunOptions& o, int world) {
+// Everything this process can check before any collective: the topology, whether the registry
+// can serve the request at all (TP rank 0's contract), and whether this process's buffers fit
+// in the memory available to it.
+void preflight(const RunOptions& o, int world, int me) {
+  parse_collective_timeout(o.collective_timeout);
   const Topology topo = topology(o, world);
+  const DType dtype = parse_dtype(o.dtype, "--dtype");
   const VocabLayout layout = run_layout(o.real_vocab, topo.tp, o.tile_width);
-  const TokenSlice slice = token_slice(o.tokens, topo.cp, 0);
+  const RankPlacement pl =
+      place_rank(me, world, static_cast<int>(topo.tp), static_cast<int>(topo.cp));
+  const TokenSlice slice = token_slice(o.tokens, topo.cp, pl.cp_rank);
+  const VocabRange shard = layout.vocab_shard_bounds[static_cast<std::size_t>(pl.tp_rank)];
+  const std::uint64_t esz = dtype_size(dtype);
+  // This process's logits and gradient slice; rank 0 also gathers the whole gradient.
+  std::uint64_t needed = io::checked_product(
+      {2, static_cast<std::uint64_t>(slice.count), static_cast<std::uint64_t>(shard.size()), esz},
+      "this process's logits and gradient");
+  if (me == 0) {
+    needed += io::checked_product(
+        {static_cast<std::uint64_t>(o.tokens), static_cast<std::uint64_t>(o.real_vocab), esz},
+        "the gathered gradient (--tokens x --real-vocab)");
+  }
+  io::require_memory(needed,
+                     fmt::format("rank {} of --tokens {} x --real-vocab {} of {} at TP {} x CP {}",
+                                 me, o.tokens, o.real_vocab, o.dtype, topo.tp, topo.cp),
+                     "use fewer --tokens (or more processes)");
   const std::vector<int64_t> targets(static_cast<std::size_t>(slice.count), 0);
   const std::vector<bool> active(targets.size(), true);
-  const ScoreRequest req{.dtype = parse_dtype(o.dtype, "--dtype"),
+  const ScoreRequest req{.dtype = dtype,
                          .real_vocab = o.real_vocab,
                          .padded_vocab = layout.padded_vocab_size,
                          .bounds = layout.vocab_shard_bounds,
@@ -122,6 +144,88 @@ void preflight(const RunOptions& o, int world) {
                          .targets = targets,
                          .active = &active};
   Registry::global().get_logprob_op(make_contract(req, 0), o.backend);
+}
+
+// The options every process must share, as "--name value" items (one per option).
+std::vector<std::string> agreed_options(const RunOptions& o) {
+  return {fmt::format("--tokens {}", o.tokens),
+          fmt::format("--real-vocab {}", o.real_vocab),
+          fmt::format("--dtype {}", o.dtype),
+          fmt::format("--tp {}", o.tp.empty() ? "(default)" : o.tp),
+          fmt::format("--cp {}", o.cp),
+          fmt::format("--tile-width {}", o.tile_width),
+          fmt::format("--seed {}", o.seed),
+          fmt::format("--temperature {}", o.temperature),
+          fmt::format("--backend {}", o.backend),
+          fmt::format("--collective-timeout {}", o.collective_timeout)};
+}
+
+// One rank's contribution to the agreement: its preflight verdict and its options.
+struct AgreementRecord {
+  char ok = 1;
+  std::array<char, 1024> error{};
+  std::array<char, 1024> options{};
+};
+
+template <std::size_t N>
+void put_text(std::array<char, N>& field, const std::string& text) {
+  field.fill('\0');
+  std::memcpy(field.data(), text.data(), std::min(text.size(), N - 1));
+}
+
+template <std::size_t N>
+std::string get_text(const std::array<char, N>& field) {
+  return std::string(field.data(), strnlen(field.data(), N));
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const std::size_t nl = std::min(text.find('\n', pos), text.size());
+    out.push_back(text.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  return out;
+}
+
+// Every process checks its own options, then all of them exchange their verdicts and options in
+// one small collective, before any split: either every process goes on, or every one stops
+// with the first failing rank's message (rank 0 reports it; the others exit 2 quietly).
+// Returns the message, empty when all agree.
+std::string agree_on_options(const RunOptions& o, MpiComm& world) {
+  AgreementRecord mine;
+  try {
+    preflight(o, world.size(), world.rank());
+  } catch (const std::exception& e) {
+    mine.ok = 0;
+    put_text(mine.error, e.what());
+  }
+  std::string options;
+  for (const std::string& item : agreed_options(o)) options += item + "\n";
+  put_text(mine.options, options);
+  std::vector<AgreementRecord> all(static_cast<std::size_t>(world.size()));
+  all_gather(world, std::span<const AgreementRecord>(&mine, 1), std::span<AgreementRecord>(all));
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].ok) {
+      // Usually every rank fails alike and rank 0 says so in its own words.
+      return r == 0 ? get_text(all[r].error)
+                    : fmt::format("rank {}: {}", r, get_text(all[r].error));
+    }
+  }
+  const std::vector<std::string> first = split_lines(get_text(all[0].options));
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const std::vector<std::string> other = split_lines(get_text(all[r].options));
+    for (std::size_t k = 0; k < std::min(first.size(), other.size()); ++k) {
+      if (first[k] != other[k]) {
+        return fmt::format(
+            "the processes disagree on their options: rank 0 has {} but rank {} has {}; launch "
+            "every process with the same options",
+            first[k], r, other[k]);
+      }
+    }
+  }
+  return {};
 }
 
 int run_on_world(const RunOptions& o, const MpiComm& world) {
@@ -144,8 +248,9 @@ int run_on_world(const RunOptions& o, const MpiComm& world) {
   Progress progress(me == 0);
   const std::string tag = fmt::format("[tp {} x cp {}] ", topo.tp, topo.cp);
   progress.step(tag + "generating synthetic logits...");
-  std::vector<std::byte> logits(static_cast<std::size_t>(slice.count * shard.size()) * esz);
-  std::vector<std::byte> grad(logits.size());
+  const std::size_t slice_bytes = static_cast<std::size_t>(slice.count * shard.size()) * esz;
+  std::vector<std::byte> logits = io::allocate_bytes(slice_bytes, "allocating the logits slice");
+  std::vector<std::byte> grad = io::allocate_bytes(slice_bytes, "allocating the gradient slice");
   fill_logits(spec, slice.start, slice.start + slice.count, shard.start, shard.end, logits.data(),
               shard.size(), threads);
   const SyntheticRows rows = synthetic_rows(spec, slice.start, slice.start + slice.count);
@@ -213,7 +318,8 @@ int run_on_world(const RunOptions& o, const MpiComm& world) {
   if (me == 0) {
     std::vector<float> logp(static_cast<std::size_t>(o.tokens)), lse(logp.size()),
         entropy(logp.size());
-    std::vector<std::byte> full(static_cast<std::size_t>(o.tokens * o.real_vocab) * esz);
+    std::vector<std::byte> full = io::allocate_bytes(
+        static_cast<std::size_t>(o.tokens * o.real_vocab) * esz, "gathering the gradient");
     for (int r = 0; r < n; ++r) {
       const RankPlacement p =
           place_rank(r, n, static_cast<int>(topo.tp), static_cast<int>(topo.cp));
@@ -292,11 +398,17 @@ int run_on_world(const RunOptions& o, const MpiComm& world) {
 
 int run_mpi_command(const RunOptions& o, int* argc, char*** argv) {
   MpiSession session(argc, argv);
-  MpiComm world = MpiComm::world();
+  // A bad --collective-timeout on some rank: the agreement still runs (under the default) and
+  // reports it.
+  MpiCommOptions comm_options;
   try {
-    preflight(o, world.size());  // usage errors: the same on every process, reported once
-  } catch (const std::exception&) {
-    if (world.rank() == 0) throw;
+    comm_options.collective_timeout = parse_collective_timeout(o.collective_timeout);
+  } catch (const UsageError&) {
+  }
+  MpiComm world = MpiComm::world(comm_options);
+  const std::string problem = agree_on_options(o, world);
+  if (!problem.empty()) {
+    if (world.rank() == 0) throw UsageError(problem);
     return kExitBadInput;
   }
   try {

@@ -102,13 +102,16 @@ std::vector<RankScore> score_in_process(const ScoreRequest& request, const Logit
                                         const MutableLogitsView& grad, int threads) {
   const int tp = static_cast<int>(request.bounds.size());
   std::vector<RankScore> ranks(static_cast<std::size_t>(tp));
-  run_ranks(tp, [&](Communicator& comm) {
-    const int r = comm.rank();
-    const VocabRange b = request.bounds[static_cast<std::size_t>(r)];
-    ranks[static_cast<std::size_t>(r)] =
-        score_rank(comm, request, columns(logits, b.start, b.end), columns(grad, b.start, b.end),
-                   rank_threads(threads, tp, r));
-  });
+  run_ranks(
+      tp,
+      [&](Communicator& comm) {
+        const int r = comm.rank();
+        const VocabRange b = request.bounds[static_cast<std::size_t>(r)];
+        ranks[static_cast<std::size_t>(r)] =
+            score_rank(comm, request, columns(logits, b.start, b.end),
+                       columns(grad, b.start, b.end), rank_threads(threads, tp, r));
+      },
+      InProcessOptions{.collective_timeout = request.collective_timeout});
   return ranks;
 }
 

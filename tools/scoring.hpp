@@ -4,6 +4,7 @@
 // rank of a TP group on threads of this process; `run --comm mpi` calls score_rank on its
 // MPI TP group.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -35,6 +36,8 @@ struct ScoreRequest {
   const std::vector<bool>* active = nullptr;
   // Upstream gradients; backward runs when any is non-empty.
   LogprobGrads grads = {};
+  // How long a rank of the in-process group waits in one collective (score_in_process).
+  std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
   // Called by TP rank 0 as each phase starts ("forward", "backward"); may be empty.
   std::function<void(const std::string&)> on_phase = {};
 };

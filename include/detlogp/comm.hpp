@@ -14,6 +14,11 @@
 //
 // Collectives are called by every rank of the group in the same order (as in MPI and NCCL).
 // A rank's communicator is used by one thread at a time.
+//
+// No collective waits forever: the in-process group and MpiComm give up after a collective
+// timeout (kDefaultCollectiveTimeout unless configured), like NCCL's watchdog, and every rank
+// still waiting gets std::runtime_error naming the collective, the rank(s) that did not arrive
+// where the transport knows them, and the timeout.
 
 #include <chrono>
 #include <cstddef>
@@ -77,10 +82,19 @@ class SelfComm final : public Communicator {
                      bool in_place) override;
 };
 
+// How long a rank waits in one collective for the others by default: generous (a rank may be
+// minutes behind its peers while it loads or computes) but finite.
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(10);
+
+// The largest in-process group. Every rank is a thread of this process, and one all-gather
+// holds size blocks in each of the size ranks' receive buffers, so the memory of a collective
+// grows with the square of the size; no vocab-parallel layout needs more ranks than this.
+inline constexpr int kMaxInProcessRanks = 64;
+
 struct InProcessOptions {
   // How long one rank waits in a collective for the others before it aborts the group.
   // Zero: no limit (a rank that throws or returns still wakes the others; see run()).
-  std::chrono::milliseconds collective_timeout{0};
+  std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
 };
 
 // A rank group whose ranks are threads of this process. comm(r) is the communicator of the
@@ -90,7 +104,10 @@ struct InProcessOptions {
 //     std::runtime_error "in-process rank group aborted: rank r failed: <reason>";
 //   - under run(), a rank whose function returns while others wait in a collective (or
 //     before they enter one) aborts the group the same way;
-//   - with a collective_timeout, a rank that waits longer aborts the group.
+//   - a rank that waits longer than the collective_timeout aborts the group: every waiting
+//     rank gets "in-process rank group aborted: rank r timed out after T ms in <collective>
+//     waiting for rank m".
+// ContractError for a size outside [1, kMaxInProcessRanks] or a negative timeout.
 // Each collective copies straight from the other ranks' send buffers: no staging copy.
 // Ranks that call different collectives, or all_gather different sizes, all get a
 // ContractError naming both ranks.

@@ -10,13 +10,37 @@ Where the bytes travel follows the group's backend: a gloo (or MPI) group all-ga
 tensors; any other backend (NCCL, ...) cannot, so the (small: a few bytes per token) buffers
 are copied to a tensor on the group's device (the current CUDA device for NCCL), gathered
 there and copied back.
+
+No collective waits forever: each one is started with ``async_op=True`` and waited for with
+``Work.wait(timeout)``, ``timeout`` seconds (``DEFAULT_COLLECTIVE_TIMEOUT`` unless given, as the
+C++ transports). On expiry the waiting rank raises ``RuntimeError`` naming the collective, the
+rank, the group and the timeout.
 """
+
+import datetime
+import math
 
 from . import _detlogp
 from ._detlogp import LogprobContractError
 
 Communicator = _detlogp.Communicator
 SelfComm = _detlogp.SelfComm
+
+# Seconds a rank waits in one collective for the others (as detlogp::kDefaultCollectiveTimeout).
+DEFAULT_COLLECTIVE_TIMEOUT = 600.0
+
+
+def _check_timeout(timeout):
+    if timeout is None:
+        return DEFAULT_COLLECTIVE_TIMEOUT
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise LogprobContractError(
+            f"timeout must be a finite number of seconds > 0 (or a datetime.timedelta); got "
+            f"{timeout!r}")
+    return float(timeout)
 
 
 def _dist():
@@ -52,10 +76,23 @@ class _Callbacks:
     """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
     two bound methods). ``device``: None for CPU tensors, else where the bytes travel."""
 
-    def __init__(self, group, size, device=None):
+    def __init__(self, group, rank, size, name, timeout, device=None):
         self.group = group
+        self.rank = rank
         self.size = size
+        self.name = name
+        self.timeout = timeout
         self.device = device
+
+    def _wait(self, work, collective):
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"{self.name} {collective} timed out after {self.timeout:g} s on rank "
+                f"{self.rank} of {self.size}, or failed: another rank did not arrive (a rank "
+                f"that fails before forward must still release its peers: see fail_preflight "
+                f"in docs/operator.md) ({error})") from error
 
     def all_gather(self, send_view, recv_view, in_place):
         if self.device is not None:
@@ -69,14 +106,17 @@ class _Callbacks:
             # Zero bytes still synchronise, like every collective; gloo cannot all-gather
             # empty tensors (it divides by the size), so gather one dummy byte instead.
             outs = [torch.empty(1, dtype=torch.uint8) for _ in range(self.size)]
-            dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group)
+            work = dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group,
+                                   async_op=True)
+            self._wait(work, "all_gather")
             return
         send = torch.frombuffer(send_view, dtype=torch.uint8)
         if in_place:  # send is our own block of recv: gather from a private copy
             send = send.clone()
         recv = torch.frombuffer(recv_view, dtype=torch.uint8)
         outs = list(recv.split(n))  # views into recv, in rank order
-        dist.all_gather(outs, send, group=self.group)
+        work = dist.all_gather(outs, send, group=self.group, async_op=True)
+        self._wait(work, "all_gather")
         del outs, recv, send
 
     def _all_gather_on_device(self, send_view, recv_view):
@@ -92,23 +132,28 @@ class _Callbacks:
         recv = torch.empty(m * self.size, dtype=torch.uint8, device=self.device)
         # A list of views into one tensor: NCCL and gloo both take it (gloo of torch 1.13 has
         # no all_gather_into_tensor), so the device path is exercised by the CPU tests too.
-        dist.all_gather(list(recv.split(m)), send, group=self.group)
+        work = dist.all_gather(list(recv.split(m)), send, group=self.group, async_op=True)
+        self._wait(work, "all_gather")
         if n:
             torch.frombuffer(recv_view, dtype=torch.uint8).copy_(recv)  # synchronizes
         del send, recv
 
     def barrier(self):
-        _dist().barrier(group=self.group)
+        self._wait(_dist().barrier(group=self.group, async_op=True), "barrier")
 
 
-def TorchDistributedComm(group=None, device="auto"):  # noqa: N802 - reads as a class
+def TorchDistributedComm(group=None, device="auto", timeout=None):  # noqa: N802 - a class
     """A detlogp Communicator over a torch.distributed process group.
 
     ``group=None`` means the default (world) group. The process group must be initialized
     (``torch.distributed.init_process_group``) and this process must be a member of it.
     ``device``: where the gathered bytes travel; "auto" follows the backend
     (``transport_device``), None forces CPU tensors, a torch.device forces device tensors.
+    ``timeout``: seconds (or a ``datetime.timedelta``) one collective waits for the other ranks
+    before raising ``RuntimeError``; default ``DEFAULT_COLLECTIVE_TIMEOUT``. Pass the result as
+    ``group=`` to an op call to use it.
     """
+    timeout = _check_timeout(timeout)
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         raise LogprobContractError(
@@ -121,9 +166,10 @@ def TorchDistributedComm(group=None, device="auto"):  # noqa: N802 - reads as a 
         raise LogprobContractError("this process is not a member of the given process group")
     size = dist.get_world_size(group)
     backend = dist.get_backend(group)
-    cb = _Callbacks(group, size, transport_device(backend) if device == "auto" else device)
-    return _detlogp.CallbackComm(rank, size, f"torch.distributed:{backend}", cb.all_gather,
-                                 cb.barrier)
+    name = f"torch.distributed:{backend}"
+    cb = _Callbacks(group, rank, size, name, timeout,
+                    transport_device(backend) if device == "auto" else device)
+    return _detlogp.CallbackComm(rank, size, name, cb.all_gather, cb.barrier)
 
 
 def communicator_for(group, tp_world_size):

@@ -264,6 +264,12 @@ InProcessGroup::InProcessGroup(int size, InProcessOptions options) {
   if (size < 1) {
     throw ContractError("InProcessGroup: size must be >= 1; got " + std::to_string(size));
   }
+  if (size > kMaxInProcessRanks) {
+    throw ContractError("InProcessGroup: size " + std::to_string(size) + " exceeds the limit of " +
+                        std::to_string(kMaxInProcessRanks) +
+                        " ranks (threads of one process; the memory of a collective grows with "
+                        "the square of the size): use fewer TP ranks, or MPI");
+  }
   if (options.collective_timeout.count() < 0) {
     throw ContractError("InProcessGroup: collective_timeout must be >= 0 (0 = no limit)");
   }

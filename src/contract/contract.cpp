@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "contract/contract_json.hpp"
@@ -343,6 +344,23 @@ std::string LogprobContract::cross_rank_fingerprint() const {
 // ---------------------------------------------------------------------------------------------
 // Shard-bound helpers
 
+namespace {
+
+// a * b of non-negative sizes, or ContractError naming the field and the values.
+int64_t checked_mul(int64_t a, int64_t b, std::string_view field) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) {
+    throw ContractError(fmt::format("{} overflows 64-bit sizes: {} x {} exceeds {}", field, a, b,
+                                    std::numeric_limits<int64_t>::max()));
+  }
+  return out;
+}
+
+// ceil(a / b) for a >= 0, b > 0, without forming a + b - 1.
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+}  // namespace
+
 std::vector<VocabRange> even_bounds(int64_t padded_vocab_size, int64_t tp_world_size) {
   require_positive(padded_vocab_size, "padded_vocab_size");
   require_positive(tp_world_size, "tp_world_size");
@@ -353,8 +371,10 @@ std::vector<VocabRange> even_bounds(int64_t padded_vocab_size, int64_t tp_world_
             "padded_vocab_size={} is smaller than tp_world_size={}: some shard would be empty",
             padded_vocab_size, tp_world_size));
   }
+  // r * shard <= padded for every r < tp: no product overflows.
   const int64_t shard = padded_vocab_size / tp_world_size;
   std::vector<VocabRange> bounds;
+  bounds.reserve(static_cast<std::size_t>(tp_world_size));
   for (int64_t r = 0; r < tp_world_size; ++r) {
     bounds.push_back({r * shard, r + 1 == tp_world_size ? padded_vocab_size : (r + 1) * shard});
   }
@@ -366,7 +386,7 @@ std::vector<VocabRange> even_tile_aligned_bounds(int64_t padded_vocab_size, int6
   require_positive(padded_vocab_size, "padded_vocab_size");
   require_positive(tp_world_size, "tp_world_size");
   require_positive(tile_width, "tile_width");
-  const int64_t tiles = (padded_vocab_size + tile_width - 1) / tile_width;
+  const int64_t tiles = ceil_div(padded_vocab_size, tile_width);
   if (tiles < tp_world_size) {
     throw ContractError(
         ErrorCode::conflicting_fields, "padded_vocab_size",
@@ -378,10 +398,15 @@ std::vector<VocabRange> even_tile_aligned_bounds(int64_t padded_vocab_size, int6
   const int64_t base = tiles / tp_world_size;
   const int64_t extra = tiles % tp_world_size;
   std::vector<VocabRange> bounds;
+  bounds.reserve(static_cast<std::size_t>(tp_world_size));
   int64_t start = 0;
   for (int64_t r = 0; r < tp_world_size; ++r) {
     const int64_t count = base + (r < extra ? 1 : 0);
-    const int64_t end = std::min(start + count * tile_width, padded_vocab_size);
+    // count * tile_width can pass INT64_MAX only for the last, partial tile: clamp to padded.
+    const int64_t room = padded_vocab_size - start;
+    const int64_t end = count > room / tile_width
+                            ? padded_vocab_size
+                            : std::min(start + count * tile_width, padded_vocab_size);
     bounds.push_back({start, end});
     start = end;
   }
@@ -392,14 +417,17 @@ int64_t megatron_padded_vocab(int64_t real_vocab_size, int64_t tp_world_size, in
   require_positive(real_vocab_size, "real_vocab_size");
   require_positive(tp_world_size, "tp_world_size");
   require_positive(multiple, "multiple");
-  const int64_t step = multiple * tp_world_size;
-  return (real_vocab_size + step - 1) / step * step;
+  const int64_t step = checked_mul(multiple, tp_world_size, "multiple * tp_world_size");
+  return checked_mul(
+      ceil_div(real_vocab_size, step), step,
+      fmt::format("real_vocab_size={} rounded up to a multiple of {}", real_vocab_size, step));
 }
 
 VocabLayout megatron_bounds(int64_t real_vocab_size, int64_t tp_world_size, int64_t multiple) {
   const int64_t padded = megatron_padded_vocab(real_vocab_size, tp_world_size, multiple);
-  const int64_t shard = padded / tp_world_size;
+  const int64_t shard = padded / tp_world_size;  // (r + 1) * shard <= padded: no overflow
   VocabLayout layout{.padded_vocab_size = padded};
+  layout.vocab_shard_bounds.reserve(static_cast<std::size_t>(tp_world_size));
   for (int64_t r = 0; r < tp_world_size; ++r) {
     layout.vocab_shard_bounds.push_back({r * shard, (r + 1) * shard});
   }

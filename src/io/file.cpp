@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -12,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "detlogp/errors.hpp"
 #include "io/detail.hpp"
 
 namespace detlogp::io {
@@ -20,6 +23,39 @@ namespace {
 [[noreturn]] void environment_failure(const std::string& label, std::string_view what, int err) {
   throw std::runtime_error(
       detail::printable(fmt::format("{}: {}: {}", label, what, std::strerror(err)), 2000));
+}
+
+// The testing hook of file.hpp: whether DETLOGP_TESTING_IO_FAIL names this step and file.
+bool injected_failure(std::string_view step, const std::filesystem::path& target) {
+  const char* spec = std::getenv("DETLOGP_TESTING_IO_FAIL");
+  if (spec == nullptr) return false;
+  const std::string_view text(spec);
+  const auto colon = text.find(':');
+  return colon != text.npos && text.substr(0, colon) == step &&
+         text.substr(colon + 1) == target.filename().string();
+}
+
+std::uint64_t fnv1a(std::string_view text) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+std::filesystem::path directory_of(const std::filesystem::path& target) {
+  std::filesystem::path dir = target.parent_path();
+  return dir.empty() ? std::filesystem::path(".") : dir;
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  // Makes renames durable; some file systems refuse fsync on a directory, which is harmless.
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
+  }
 }
 
 std::string random_suffix() {
@@ -90,13 +126,9 @@ AtomicOutputFile::AtomicOutputFile(const std::filesystem::path& path)
   if (std::filesystem::is_directory(path, ec)) {
     detail::fail(label_, "output path is an existing directory");
   }
-  std::filesystem::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
-  std::string base(1, '.');
-  base += path.filename().string();
-  base += ".tmp-";
+  const std::filesystem::path dir = directory_of(path);
   for (int attempt = 0; attempt < 100; ++attempt) {
-    temp_path_ = dir / (base + random_suffix());
+    temp_path_ = sibling_name(path, ".tmp-");
     do {
       fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     } while (fd_ < 0 && errno == EINTR);
@@ -132,8 +164,9 @@ void AtomicOutputFile::write(std::span<const std::byte> bytes) {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t put = ::write(fd_, bytes.data() + done, bytes.size() - done);
-    if (put < 0) {
-      const int err = errno;
+    const bool injected = injected_failure("write", path_);
+    if (put < 0 || injected) {
+      const int err = injected ? ENOSPC : errno;
       if (err == EINTR) continue;
       discard();
       environment_failure(label_, err == ENOSPC ? "disk full while writing" : "write error", err);
@@ -142,35 +175,135 @@ void AtomicOutputFile::write(std::span<const std::byte> bytes) {
   }
 }
 
-void AtomicOutputFile::commit() {
-  if (fd_ < 0) throw std::logic_error(label_ + ": commit after commit or failure");
+void AtomicOutputFile::finish() {
+  if (fd_ < 0 || finished_) throw std::logic_error(label_ + ": commit after commit or failure");
   if (::fsync(fd_) != 0) {
     const int err = errno;
     discard();
-    environment_failure(label_, "fsync failed", err);
+    environment_failure(label_, err == ENOSPC ? "disk full while writing (fsync)" : "fsync failed",
+                        err);
   }
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
     const int err = errno;
     discard();
-    environment_failure(label_, "close failed", err);
+    environment_failure(label_, err == ENOSPC ? "disk full while writing (close)" : "close failed",
+                        err);
   }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
+  finished_ = true;
+}
+
+void AtomicOutputFile::rename_into_place() {
+  const bool injected = injected_failure("rename", path_);
+  if (injected || ::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    const int err = injected ? EIO : errno;
     discard();
     if (err == EISDIR) detail::fail(label_, "output path is an existing directory");
     environment_failure(label_, "cannot rename the temporary file into place", err);
   }
   committed_ = true;
-  // Make the rename durable; some file systems refuse fsync on a directory, which is harmless.
-  std::filesystem::path dir = path_.parent_path();
-  if (dir.empty()) dir = ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
+}
+
+void AtomicOutputFile::commit() {
+  finish();
+  rename_into_place();
+  fsync_directory(directory_of(path_));
+}
+
+std::filesystem::path sibling_name(const std::filesystem::path& target, std::string_view suffix) {
+  std::string name = target.filename().string();
+  constexpr std::size_t kRandomChars = 16;
+  const std::size_t room = NAME_MAX - 1 - suffix.size() - kRandomChars;  // 1: the leading dot
+  if (name.size() > room) {
+    // Shortened; the hash of the whole name keeps two long names that share a prefix apart.
+    const std::string hash = fmt::format("~{:08x}", fnv1a(name) & 0xffffffffULL);
+    name = name.substr(0, room - hash.size()) + hash;
   }
+  return directory_of(target) / fmt::format(".{}{}{}", name, suffix, random_suffix());
+}
+
+void commit_all(std::span<AtomicOutputFile* const> files) {
+  for (AtomicOutputFile* file : files) file->finish();
+  // Before any rename: a hard link to every existing target, so that each can be put back.
+  // Where the file system has no hard links, the target is renamed aside just before its
+  // replacement instead (it is then briefly absent).
+  struct Backup {
+    std::filesystem::path path;  // empty: the target did not exist
+    bool linked = false;         // false: rename the target aside before replacing it
+  };
+  std::vector<Backup> backups(files.size());
+  auto remove_backups = [&] {
+    for (const Backup& b : backups) {
+      if (b.linked && !b.path.empty()) ::unlink(b.path.c_str());
+    }
+  };
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::filesystem::path& target = files[i]->path_;
+    struct stat st {};
+    if (::lstat(target.c_str(), &st) != 0) continue;  // nothing to keep
+    Backup& b = backups[i];
+    for (int attempt = 0; attempt < 100 && !b.linked; ++attempt) {
+      b.path = sibling_name(target, ".bak-");
+      if (::link(target.c_str(), b.path.c_str()) == 0) {
+        b.linked = true;
+        break;
+      }
+      const int err = errno;
+      if (err == EEXIST) continue;
+      if (err == EPERM || err == EXDEV || err == EMLINK || err == ENOTSUP || err == EOPNOTSUPP) {
+        break;  // no hard links here: rename aside later
+      }
+      b.path.clear();
+      remove_backups();
+      environment_failure(files[i]->label_,
+                          err == ENOSPC ? "disk full while keeping a backup of the existing file"
+                                        : "cannot keep a backup of the existing file",
+                          err);
+    }
+  }
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    AtomicOutputFile& file = *files[i];
+    Backup& b = backups[i];
+    try {
+      if (!b.path.empty() && !b.linked && ::rename(file.path_.c_str(), b.path.c_str()) != 0) {
+        const int err = errno;
+        b.path.clear();
+        environment_failure(file.label_, "cannot move the existing file aside", err);
+      }
+      file.rename_into_place();
+    } catch (const std::exception& error) {
+      // Put back what was replaced, newest first; whatever cannot be restored is named.
+      std::string restored, lost;
+      for (std::size_t j = i + 1; j-- > 0;) {
+        const std::filesystem::path& target = files[j]->path_;
+        const Backup& back = backups[j];
+        const bool replaced = j < i;
+        bool ok = true;
+        if (!back.path.empty() && (replaced || !back.linked)) {
+          ok = ::rename(back.path.c_str(), target.c_str()) == 0;
+        } else if (back.path.empty() && replaced) {
+          ok = ::unlink(target.c_str()) == 0;
+        } else if (!replaced) {
+          continue;  // untouched
+        }
+        std::string& list = ok ? restored : lost;
+        list += (list.empty() ? "" : ", ") + target.string();
+        if (!ok && !back.path.empty()) list += " (the old file is at " + back.path.string() + ")";
+      }
+      for (std::size_t j = 0; j < files.size(); ++j) {
+        const Backup& back = backups[j];
+        if (back.linked && !back.path.empty()) ::unlink(back.path.c_str());
+      }
+      std::string message = error.what();
+      if (!restored.empty()) message += "; left as before: " + restored;
+      if (!lost.empty()) message += "; COULD NOT RESTORE: " + lost;
+      if (dynamic_cast<const ContractError*>(&error) != nullptr) throw ContractError(message);
+      throw std::runtime_error(detail::printable(message, 4000));
+    }
+  }
+  for (AtomicOutputFile* file : files) fsync_directory(directory_of(file->path_));
+  remove_backups();
 }
 
 }  // namespace detlogp::io

@@ -10,6 +10,7 @@
 
 #include "io/detail.hpp"
 #include "io/file.hpp"
+#include "io/memory.hpp"
 
 namespace detlogp::io {
 namespace {
@@ -303,7 +304,12 @@ Tensor read_npy(const std::filesystem::path& path) {
   const InputFile file(path);
   NpyHeader header = read_header(file);
   Tensor tensor{path.stem().string(), header.dtype, std::move(header.shape), {}};
-  tensor.data.resize(header.data_bytes);  // == file size - header: checked above
+  // data_bytes == file size - header (checked above), but a sparse file can claim terabytes.
+  require_memory(header.data_bytes,
+                 fmt::format("{}: reading its {} array of shape {}", file.label(),
+                             dtype_name(tensor.dtype), format_shape(tensor.shape)),
+                 "use a smaller file (fewer tokens per file)");
+  tensor.data = allocate_bytes(header.data_bytes, file.label() + ": reading the array");
   file.read_at(header.data_offset, tensor.data);
   return tensor;
 }
@@ -355,11 +361,16 @@ std::vector<std::byte> serialize_npy(const TensorRef& tensor, std::string_view l
   return out;
 }
 
-void write_npy(const std::filesystem::path& path, const TensorRef& tensor) {
-  const std::vector<std::byte> header = npy_preamble_and_header(tensor, path.string());
-  AtomicOutputFile out(path);
+void write_npy_to(AtomicOutputFile& out, const TensorRef& tensor) {
+  const std::vector<std::byte> header = npy_preamble_and_header(tensor, out.label());
   out.write(header);
   out.write(tensor.data);
+}
+
+void write_npy(const std::filesystem::path& path, const TensorRef& tensor) {
+  npy_preamble_and_header(tensor, path.string());  // validates before creating anything
+  AtomicOutputFile out(path);
+  write_npy_to(out, tensor);
   out.commit();
 }
 

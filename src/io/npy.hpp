@@ -50,5 +50,8 @@ Tensor read_npy(const std::filesystem::path& path);
 std::vector<std::byte> serialize_npy(const TensorRef& tensor, std::string_view label = "npy");
 // Atomic: a temp file in the same directory, fsync, rename; nothing is left behind on failure.
 void write_npy(const std::filesystem::path& path, const TensorRef& tensor);
+class AtomicOutputFile;
+// The same bytes into an open output (not committed).
+void write_npy_to(AtomicOutputFile& out, const TensorRef& tensor);
 
 }  // namespace detlogp::io

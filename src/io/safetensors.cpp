@@ -7,12 +7,14 @@
 #include <numeric>
 #include <set>
 #include <tuple>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "io/detail.hpp"
 #include "io/file.hpp"
+#include "io/memory.hpp"
 
 namespace detlogp::io {
 namespace {
@@ -27,13 +29,85 @@ constexpr auto kInt64Max = static_cast<std::uint64_t>(std::numeric_limits<std::i
 
 std::string who(std::string_view name) { return fmt::format("tensor {}", in_quotes(name)); }
 
-// Thrown from the parser callback to stop at the first structural problem.
-struct HeaderProblem {
-  std::string message;
+// A first, validating pass over the header's JSON (SAX events, no document built): it stops at
+// the first structural problem (nesting deeper than kMaxJsonDepth, a key repeated within one
+// object, more than kMaxSafetensorsTensors entries) in time linear in the header's size, so the
+// document parse that follows only ever sees a header that passed. (nlohmann's own parser
+// callback is not used: it rescans the parent object on every closing brace, quadratic in the
+// number of entries.)
+class HeaderChecker final : public json::json_sax_t {
+ public:
+  std::string problem;  // set when a check failed or the JSON is malformed
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(json::number_integer_t) override { return value(); }
+  bool number_unsigned(json::number_unsigned_t) override { return value(); }
+  bool number_float(json::number_float_t, const json::string_t&) override { return value(); }
+  bool string(json::string_t&) override { return value(); }
+  bool binary(json::binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    if (!open()) return false;
+    keys_.emplace_back();
+    is_object_.push_back(true);
+    return true;
+  }
+  bool key(json::string_t& key) override {
+    if (!value()) return false;
+    if (keys_.size() == 1 && key != kMetadataKey && ++tensors_ > kMaxSafetensorsTensors) {
+      problem = fmt::format("header declares more than {} tensors, the limit of one file",
+                            kMaxSafetensorsTensors);
+      return false;
+    }
+    if (!keys_.back().insert(key).second) {
+      problem = fmt::format("header JSON repeats the key {}", in_quotes(key));
+      return false;
+    }
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    is_object_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (!open()) return false;
+    is_object_.push_back(false);
+    return true;
+  }
+  bool end_array() override {
+    is_object_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception& error) override {
+    std::string_view what = error.what();
+    if (const auto close = what.find("] "); what.starts_with("[json.") && close != what.npos) {
+      what.remove_prefix(close + 2);
+    }
+    problem = fmt::format("header is not valid JSON: {}", what);
+    return false;
+  }
+
+ private:
+  // A key, a scalar or a container opening inside the open containers: the depth nlohmann's
+  // parser reports for it is their number.
+  bool value() { return open(); }
+  bool open() {
+    if (is_object_.size() > static_cast<std::size_t>(kMaxJsonDepth)) {
+      problem = fmt::format("header JSON nests deeper than {} levels", kMaxJsonDepth);
+      return false;
+    }
+    return true;
+  }
+
+  std::vector<std::unordered_set<std::string>> keys_;  // keys seen, per open object
+  std::vector<bool> is_object_;                        // the open containers, outermost first
+  std::size_t tensors_ = 0;  // keys of the root object other than __metadata__
 };
 
-json parse_json_strict(std::span<const std::byte> bytes, std::string_view label) {
-  // JSON allows no raw control bytes, and nlohmann's parser would stop silently at a NUL.
+// JSON allows no raw control bytes, and nlohmann's parser would stop silently at a NUL.
+void check_control_bytes(std::span<const std::byte> bytes, std::string_view label) {
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     const auto byte = static_cast<unsigned char>(bytes[i]);
     if (byte < 0x20 && byte != ' ' && byte != '\t' && byte != '\n' && byte != '\r') {
@@ -41,42 +115,15 @@ json parse_json_strict(std::span<const std::byte> bytes, std::string_view label)
                               byte, i));
     }
   }
-  std::vector<std::set<std::string>> open_objects;
-  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event,
-                                               json& parsed) -> bool {
-    if (depth > kMaxJsonDepth) {
-      throw HeaderProblem{fmt::format("header JSON nests deeper than {} levels", kMaxJsonDepth)};
-    }
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.empty() && !open_objects.back().insert(key).second) {
-          throw HeaderProblem{fmt::format("header JSON repeats the key {}", in_quotes(key))};
-        }
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
+}
+
+// The document of a header that passed the checks (the slow path, for its error messages).
+json parse_checked_json(std::span<const std::byte> bytes, std::string_view label) {
   const auto* begin = reinterpret_cast<const char*>(bytes.data());
   try {
-    return json::parse(begin, begin + bytes.size(), callback);
-  } catch (const HeaderProblem& problem) {
-    fail(label, problem.message);
-  } catch (const json::exception& error) {
-    std::string_view what = error.what();
-    if (const auto close = what.find("] "); what.starts_with("[json.") && close != what.npos) {
-      what.remove_prefix(close + 2);
-    }
-    fail(label, fmt::format("header is not valid JSON: {}", what));
+    return json::parse(begin, begin + bytes.size());
+  } catch (const json::exception& error) {  // not expected: the first pass accepted it
+    fail(label, fmt::format("header is not valid JSON: {}", error.what()));
   }
 }
 
@@ -174,6 +221,183 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value,
   }
   return entry;
 }
+
+// The fast path for a well-formed header: entries and metadata straight from SAX events, with
+// no document built (building and freeing one costs more than the parse itself for headers of
+// many tensors). It accepts only headers that parse_entry would accept; at anything else it
+// gives up, and the document path below produces the exact error message.
+class FastHeaderBuilder final : public json::json_sax_t {
+ public:
+  FastHeaderBuilder(std::uint64_t data_buffer_size, SafetensorsHeader& out)
+      : data_buffer_size_(data_buffer_size), out_(out) {}
+
+  bool null() override { return false; }
+  bool boolean(bool) override { return false; }
+  bool number_integer(json::number_integer_t) override { return false; }
+  bool number_float(json::number_float_t, const json::string_t&) override { return false; }
+  bool binary(json::binary_t&) override { return false; }
+  bool number_unsigned(json::number_unsigned_t value) override {
+    if (value > kInt64Max) return false;
+    if (state_ == State::shape) {
+      if (entry_.shape.size() >= kMaxRank) return false;
+      entry_.shape.push_back(static_cast<std::int64_t>(value));
+      return true;
+    }
+    if (state_ == State::offsets) {
+      if (offsets_ >= 2) return false;
+      (offsets_++ == 0 ? entry_.begin : entry_.end) = value;
+      return true;
+    }
+    return false;
+  }
+  bool string(json::string_t& value) override {
+    if (state_ == State::metadata) {
+      out_.metadata.emplace(std::move(key_), std::move(value));
+      return true;
+    }
+    if (state_ != State::entry || key_ != "dtype" || has_dtype_) return false;
+    const auto dtype = dtype_from_safetensors_name(value);
+    if (!dtype) return false;
+    entry_.dtype = *dtype;
+    has_dtype_ = true;
+    return true;
+  }
+  bool start_object(std::size_t) override {
+    if (state_ == State::start) {
+      state_ = State::root;
+      return true;
+    }
+    if (state_ != State::root) return false;
+    if (key_ == kMetadataKey) {
+      state_ = State::metadata;
+      return true;
+    }
+    state_ = State::entry;
+    entry_ = SafetensorsEntry{};
+    entry_.name = std::move(key_);
+    has_dtype_ = has_shape_ = false;
+    offsets_ = -1;
+    return true;
+  }
+  bool key(json::string_t& key) override {
+    key_ = std::move(key);
+    return state_ != State::entry || key_ == "dtype" || key_ == "shape" || key_ == "data_offsets";
+  }
+  bool end_object() override {
+    if (state_ == State::metadata) {
+      state_ = State::root;
+      return true;
+    }
+    if (state_ == State::root) {
+      state_ = State::done;
+      return true;
+    }
+    if (state_ != State::entry || !has_dtype_ || !has_shape_ || offsets_ != 2) return false;
+    if (entry_.end < entry_.begin || entry_.end > data_buffer_size_) return false;
+    const auto nbytes = checked_nbytes(entry_.shape, entry_.dtype);
+    if (!nbytes || *nbytes != entry_.end - entry_.begin) return false;
+    out_.entries.push_back(std::move(entry_));
+    state_ = State::root;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (state_ != State::entry) return false;
+    if (key_ == "shape" && !has_shape_) {
+      state_ = State::shape;
+      has_shape_ = true;
+      return true;
+    }
+    if (key_ == "data_offsets" && offsets_ < 0) {
+      state_ = State::offsets;
+      offsets_ = 0;
+      return true;
+    }
+    return false;
+  }
+  bool end_array() override {
+    if (state_ != State::shape && state_ != State::offsets) return false;
+    state_ = State::entry;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  enum class State { start, root, metadata, entry, shape, offsets, done };
+  std::uint64_t data_buffer_size_;
+  SafetensorsHeader& out_;
+  State state_ = State::start;
+  std::string key_;
+  SafetensorsEntry entry_;
+  bool has_dtype_ = false;
+  bool has_shape_ = false;
+  int offsets_ = -1;  // -1: no data_offsets yet; else how many were read
+};
+
+// One pass of both: the checks (whose failure is the error) and, while it keeps accepting, the
+// fast builder.
+class CheckAndBuild final : public json::json_sax_t {
+ public:
+  CheckAndBuild(HeaderChecker& checker, FastHeaderBuilder& builder)
+      : checker_(checker), builder_(builder) {}
+  bool built() const { return building_; }
+
+  bool null() override {
+    return both([](json::json_sax_t& h) { return h.null(); });
+  }
+  bool boolean(bool v) override {
+    return both([&](json::json_sax_t& h) { return h.boolean(v); });
+  }
+  bool number_integer(json::number_integer_t v) override {
+    return both([&](json::json_sax_t& h) { return h.number_integer(v); });
+  }
+  bool number_unsigned(json::number_unsigned_t v) override {
+    return both([&](json::json_sax_t& h) { return h.number_unsigned(v); });
+  }
+  bool number_float(json::number_float_t v, const json::string_t& text) override {
+    return both([&](json::json_sax_t& h) { return h.number_float(v, text); });
+  }
+  bool string(json::string_t& v) override {
+    // The builder may move from v: the checker sees it first.
+    return both([&](json::json_sax_t& h) { return h.string(v); });
+  }
+  bool binary(json::binary_t& v) override {
+    return both([&](json::json_sax_t& h) { return h.binary(v); });
+  }
+  bool start_object(std::size_t n) override {
+    return both([&](json::json_sax_t& h) { return h.start_object(n); });
+  }
+  bool key(json::string_t& k) override {
+    return both([&](json::json_sax_t& h) { return h.key(k); });
+  }
+  bool end_object() override {
+    return both([](json::json_sax_t& h) { return h.end_object(); });
+  }
+  bool start_array(std::size_t n) override {
+    return both([&](json::json_sax_t& h) { return h.start_array(n); });
+  }
+  bool end_array() override {
+    return both([](json::json_sax_t& h) { return h.end_array(); });
+  }
+  bool parse_error(std::size_t position, const std::string& token,
+                   const nlohmann::detail::exception& error) override {
+    building_ = false;
+    return checker_.parse_error(position, token, error);
+  }
+
+ private:
+  template <class F>
+  bool both(F event) {
+    if (!event(checker_)) return false;
+    if (building_ && !event(builder_)) building_ = false;
+    return true;
+  }
+
+  HeaderChecker& checker_;
+  FastHeaderBuilder& builder_;
+  bool building_ = true;
+};
 
 // The tensors must tile the data buffer: sorted by offset, each begins where the previous ended,
 // and the last ends at the buffer's end (as the reference implementation requires).
@@ -326,7 +550,26 @@ std::uint64_t parse_safetensors_header_length(std::span<const std::byte> first_b
 
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json_bytes,
                                            std::uint64_t data_buffer_size, std::string_view label) {
-  const json root = parse_json_strict(json_bytes, label);
+  check_control_bytes(json_bytes, label);
+  {
+    SafetensorsHeader header;
+    HeaderChecker checker;
+    FastHeaderBuilder builder(data_buffer_size, header);
+    CheckAndBuild pass(checker, builder);
+    const auto* begin = reinterpret_cast<const char*>(json_bytes.data());
+    if (!json::sax_parse(begin, begin + json_bytes.size(), &pass)) {
+      fail(label,
+           checker.problem.empty() ? std::string("header is not valid JSON") : checker.problem);
+    }
+    if (pass.built()) {
+      // Sorted by name, as the document path's std::map orders them (names are unique).
+      std::sort(header.entries.begin(), header.entries.end(),
+                [](const auto& a, const auto& b) { return a.name < b.name; });
+      check_coverage(header.entries, data_buffer_size, label);
+      return header;
+    }
+  }
+  const json root = parse_checked_json(json_bytes, label);
   if (!root.is_object()) {
     fail(label, fmt::format("header must be a JSON object, got {}", root.type_name()));
   }
@@ -387,7 +630,13 @@ SafetensorsHeader read_header(const InputFile& file) {
 Tensor read_entry(const InputFile& file, const SafetensorsHeader& header,
                   const SafetensorsEntry& entry) {
   Tensor tensor{entry.name, entry.dtype, entry.shape, {}};
-  tensor.data.resize(entry.end - entry.begin);  // within the file: checked by the header parser
+  // Within the file (checked by the header parser), but a sparse file can claim terabytes.
+  const std::uint64_t bytes = entry.end - entry.begin;
+  require_memory(bytes,
+                 fmt::format("{}: reading {} of shape {} ({})", file.label(), who(entry.name),
+                             format_shape(entry.shape), dtype_name(entry.dtype)),
+                 "use a smaller file (fewer tokens per file)");
+  tensor.data = allocate_bytes(bytes, fmt::format("{}: reading {}", file.label(), who(entry.name)));
   file.read_at(header.data_start + entry.begin, tensor.data);
   return tensor;
 }
@@ -427,13 +676,18 @@ std::vector<std::byte> serialize_safetensors(std::span<const TensorRef> tensors,
   return out;
 }
 
-void write_safetensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
-                       const Metadata& metadata) {
-  const std::string label = path.string();
-  const WritePlan plan = plan_write(tensors, metadata, label);  // validates before creating
-  AtomicOutputFile out(path);
+void write_safetensors_to(AtomicOutputFile& out, std::span<const TensorRef> tensors,
+                          const Metadata& metadata) {
+  const WritePlan plan = plan_write(tensors, metadata, out.label());
   out.write(plan.header);
   for (std::size_t index : plan.order) out.write(tensors[index].data);
+}
+
+void write_safetensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
+                       const Metadata& metadata) {
+  plan_write(tensors, metadata, path.string());  // validates before creating anything
+  AtomicOutputFile out(path);
+  write_safetensors_to(out, tensors, metadata);
   out.commit();
 }
 

@@ -5,7 +5,8 @@
 //  "__metadata__": {"<key>": "<string>"}}, then the data buffer.
 //
 // Every check runs before any allocation sized by the file's claims: N against the file size
-// (and a 100 MB cap, as the reference implementation), then each entry's dtype, shape and
+// (and a 100 MB cap, as the reference implementation), the JSON's nesting, repeated keys and
+// the number of tensors, in one linear pass, then each entry's dtype, shape and
 // offsets, with the offsets required to tile the data buffer exactly (no gaps, no overlaps, no
 // trailing bytes). Bad input throws ContractError "<label>: <problem>".
 
@@ -23,6 +24,9 @@
 namespace detlogp::io {
 
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+// At most this many tensors in one file (docs/file-formats.md): far above any checkpoint shard,
+// and it bounds the memory a header can make the reader spend on its entries.
+inline constexpr std::size_t kMaxSafetensorsTensors = 250'000;
 
 using Metadata = std::map<std::string, std::string>;
 
@@ -80,5 +84,9 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Tensor
                        const Metadata& metadata = {});
 void write_safetensors(const std::filesystem::path& path, std::span<const Tensor> tensors,
                        const Metadata& metadata = {});
+class AtomicOutputFile;
+// The same bytes into an open output (not committed: the caller commits, e.g. with commit_all).
+void write_safetensors_to(AtomicOutputFile& out, std::span<const TensorRef> tensors,
+                          const Metadata& metadata = {});
 
 }  // namespace detlogp::io

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "io/detail.hpp"
+#include "io/file.hpp"
 #include "io/npy.hpp"
 
 namespace detlogp::io {
@@ -39,6 +40,20 @@ void write_tensors(const std::filesystem::path& path, std::span<const TensorRef>
   }
   if (!metadata.empty()) detail::fail(path.string(), "an .npy file cannot hold metadata");
   write_npy(path, tensors.front());
+}
+
+void write_tensors_to(AtomicOutputFile& out, std::span<const TensorRef> tensors,
+                      const Metadata& metadata) {
+  if (tensor_file_format(out.path()) == TensorFileFormat::safetensors) {
+    write_safetensors_to(out, tensors, metadata);
+    return;
+  }
+  if (tensors.size() != 1) {
+    detail::fail(out.label(),
+                 fmt::format("an .npy file holds exactly one tensor, got {}", tensors.size()));
+  }
+  if (!metadata.empty()) detail::fail(out.label(), "an .npy file cannot hold metadata");
+  write_npy_to(out, tensors.front());
 }
 
 }  // namespace detlogp::io

@@ -23,5 +23,10 @@ Tensor read_tensor(const std::filesystem::path& path, std::string_view name = {}
 // Atomic writes. .npy holds exactly one tensor and no metadata.
 void write_tensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
                    const Metadata& metadata = {});
+// The same into an open output, by its path's extension; the caller commits (commit_all() to
+// put several outputs in place all or nothing).
+class AtomicOutputFile;
+void write_tensors_to(AtomicOutputFile& out, std::span<const TensorRef> tensors,
+                      const Metadata& metadata = {});
 
 }  // namespace detlogp::io

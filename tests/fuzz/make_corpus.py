@@ -75,6 +75,16 @@ def main():
             files_by_kind["npy"].append(npy(descr, shape))
     files_by_kind["npy"] += [npy("<f4", (2, 3), major=2), npy("<f4", (2, 3), major=3),
                      npy("<i8", (3,), align=16), npy("<f2", (1, 2), py2=True)]
+    # The header parser's worst cases (header_fuzz.cpp): mode byte, 16-bit count, body.
+    entry = b'{"dtype":"F32","shape":[0],"data_offsets":[0,0]}'
+    files_by_kind["safetensors_header"] = [
+        b"\x00" + b"\x00\x00" + b'{"t":' + entry + b"}",
+        b"\x01" + (1000).to_bytes(2, "little") + entry,
+        b"\x01" + (8000).to_bytes(2, "little") + b'{"dtype":"F32","dtype":"F32"}',
+        b"\x02" + (8).to_bytes(2, "little") + b"[" + b"1",
+        b"\x02" + (5000).to_bytes(2, "little") + b"{" + b"{}",
+        b"\x03" + (3000).to_bytes(2, "little") + b'"m"',
+    ]
     for kind, files in files_by_kind.items():
         os.makedirs(os.path.join(out, kind), exist_ok=True)
         for i, content in enumerate(files):

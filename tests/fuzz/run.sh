@@ -5,12 +5,17 @@
 # when clang's libFuzzer is not available.
 #
 # usage: tests/fuzz/run.sh <build-dir> [seconds-per-target]
-#   env: DETLOGP_FUZZ_CXX (default clang++), DETLOGP_FUZZ_SECONDS (default 60)
+#   env: DETLOGP_FUZZ_CXX (default clang++), DETLOGP_FUZZ_SECONDS (default and minimum 60;
+#        DETLOGP_FUZZ_ALLOW_SHORT=1 allows less, for a quick local check)
+# Targets: safetensors_fuzz, npy_fuzz (the readers) and header_fuzz (the header parser's worst
+# cases: many keys, deep nesting).
 # Outputs under <build-dir>/fuzz/: the binaries, the growing corpus, logs and crash artifacts.
 set -euo pipefail
 
 build=${1:?usage: run.sh <build-dir> [seconds-per-target]}
 seconds=${2:-${DETLOGP_FUZZ_SECONDS:-60}}
+# make test runs every target for at least a minute.
+if (( seconds < 60 )) && [[ -z ${DETLOGP_FUZZ_ALLOW_SHORT:-} ]]; then seconds=60; fi
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cxx=${DETLOGP_FUZZ_CXX:-clang++}
 mkdir -p "$build"
@@ -28,7 +33,7 @@ fi
 sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
 cxxflags=(-std=c++20 -O1 -g "${sanitize[@]}" -fsanitize=fuzzer-no-link -Wall -Wextra -Werror
           -I"$src/include" -I"$src/src")
-io_sources=(tensor file safetensors npy tensor_file)
+io_sources=(tensor file memory safetensors npy tensor_file)
 headers=("$src"/src/io/*.hpp "$src"/include/detlogp/*.hpp)
 
 # $1 is stale when missing or older than any of the remaining arguments.
@@ -54,7 +59,12 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 
 objs=()
 for name in "${io_sources[@]}"; do objs+=("$out/obj/$name.o"); done
-for target in safetensors npy; do
+targets=(safetensors npy header)
+# Dictionaries: the header target shares the .safetensors one.
+declare -A dict=([safetensors]=safetensors [npy]=npy [header]=safetensors)
+# Starting corpora made by make_corpus.py.
+declare -A corpus_dir=([safetensors]=safetensors [npy]=npy [header]=safetensors_header)
+for target in "${targets[@]}"; do
   bin="$out/${target}_fuzz"
   if stale "$bin" "$src/tests/fuzz/${target}_fuzz.cpp" "${objs[@]}"; then
     echo "io_fuzz: linking ${target}_fuzz"
@@ -68,17 +78,17 @@ rm -rf "$out/valid"
 if command -v python3 >/dev/null 2>&1; then
   python3 "$src/tests/fuzz/make_corpus.py" "$out/valid"
 fi
-mkdir -p "$out/valid/safetensors" "$out/valid/npy"
+mkdir -p "$out/valid/safetensors" "$out/valid/npy" "$out/valid/safetensors_header"
 
 status=0
-for target in safetensors npy; do
+for target in "${targets[@]}"; do
   mkdir -p "$out/corpus/$target"
   log="$out/${target}_fuzz.log"
   echo "io_fuzz: running ${target}_fuzz for ${seconds}s (log: $log)"
   if "$out/${target}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=2048 \
-      -timeout=10 -print_final_stats=1 -dict="$src/tests/fuzz/$target.dict" \
+      -timeout=10 -print_final_stats=1 -dict="$src/tests/fuzz/${dict[$target]}.dict" \
       -artifact_prefix="$out/artifacts/${target}-" \
-      "$out/corpus/$target" "$out/valid/$target" >"$log" 2>&1; then
+      "$out/corpus/$target" "$out/valid/${corpus_dir[$target]}" >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units:[[:space:]]*//p' "$log")
     rate=$(sed -n 's/^stat::average_exec_per_sec:[[:space:]]*//p' "$log")
     rss=$(sed -n 's/^stat::peak_rss_mb:[[:space:]]*//p' "$log")

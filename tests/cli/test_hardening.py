@@ -1,0 +1,206 @@
+"""Nothing lost, nothing hung: the command line under failures. Outputs are all or nothing (a
+failure writing --provenance leaves an older --out byte-identical), a 250-byte output name
+works, work that does not fit in the memory available is refused up front with both numbers,
+options that would overflow or exceed the in-process group's limit are refused, and under
+mpiexec a bad option on one rank ends every rank. Every run has a timeout (a hang fails)."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from cli_helpers import BIN, MPIEXEC, write_safetensors
+
+INT64_MAX = 2**63 - 1
+
+
+def detlogp(*args, env=None, timeout=120, launcher=()):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    cmd = list(launcher) + [BIN] + [str(a) for a in args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 256)).astype(np.float32)
+    write_safetensors(tmp_path / "logits.safetensors", {"logits": x})
+    np.save(tmp_path / "targets.npy", rng.integers(0, 200, size=6).astype(np.int64))
+    np.save(tmp_path / "g.npy", np.ones(6, dtype=np.float32))
+    return tmp_path
+
+
+def logprob(d, out, *extra, env=None):
+    return detlogp("logprob", "--logits", d / "logits.safetensors", "--targets",
+                   d / "targets.npy", "--real-vocab", 200, "--out", out, *extra, env=env)
+
+
+@pytest.mark.parametrize("step", ["rename", "write"])
+def test_provenance_failure_keeps_the_old_out_byte_identical(inputs, step):
+    out, prov = inputs / "out.safetensors", inputs / "prov.json"
+    assert logprob(inputs, out, "--provenance", prov).returncode == 0
+    old_out, old_prov = out.read_bytes(), prov.read_bytes()
+    before = sorted(os.listdir(inputs))
+    # A different result (temperature 2), whose provenance cannot be written.
+    p = logprob(inputs, out, "--provenance", prov, "--temperature", 2,
+                env={"DETLOGP_TESTING_IO_FAIL": f"{step}:prov.json"})
+    assert p.returncode == 2, p.stderr
+    assert str(prov) in p.stderr
+    assert ("disk full" if step == "write" else "cannot rename") in p.stderr
+    assert out.read_bytes() == old_out
+    assert prov.read_bytes() == old_prov
+    assert sorted(os.listdir(inputs)) == before  # no temp or backup file left behind
+    # Without the failure both files are replaced.
+    assert logprob(inputs, out, "--provenance", prov, "--temperature", 2).returncode == 0
+    assert out.read_bytes() != old_out
+
+
+def test_failure_renaming_out_keeps_both_old_files(inputs):
+    out, prov = inputs / "out.safetensors", inputs / "prov.json"
+    assert logprob(inputs, out, "--provenance", prov).returncode == 0
+    old = out.read_bytes(), prov.read_bytes()
+    p = logprob(inputs, out, "--provenance", prov, "--temperature", 2,
+                env={"DETLOGP_TESTING_IO_FAIL": "rename:out.safetensors"})
+    assert p.returncode == 2 and str(out) in p.stderr, p.stderr
+    assert (out.read_bytes(), prov.read_bytes()) == old
+
+
+def test_250_byte_output_name(inputs):
+    name = "o" * (250 - len(".safetensors")) + ".safetensors"
+    assert len(name) == 250
+    p = logprob(inputs, inputs / name, "--provenance", inputs / ("p" * 245 + ".json"))
+    assert p.returncode == 0, p.stderr
+    assert (inputs / name).stat().st_size > 0
+
+
+def test_gradient_beyond_the_memory_limit_is_refused_up_front(inputs):
+    # The logits (6 KB) fit under 8 KB, their gradient on top of them does not... under a limit
+    # that the reader's own check passes.
+    limit = 6 * 256 * 4 + 100
+    p = logprob(inputs, inputs / "out.safetensors", "--grad-logp", inputs / "g.npy",
+                env={"DETLOGP_TESTING_MEMORY_LIMIT": str(limit)})
+    assert p.returncode == 2, p.stderr
+    assert "needs 6144 bytes" in p.stderr and f"has {limit} bytes available" in p.stderr
+    assert "--grad-*" in p.stderr
+    assert not (inputs / "out.safetensors").exists()
+
+
+def test_run_and_bench_refused_under_an_injected_limit():
+    env = {"DETLOGP_TESTING_MEMORY_LIMIT": "1000000"}
+    p = detlogp("run", "--tokens", 64, "--real-vocab", 3000, "--tp", 1, env=env)
+    assert p.returncode == 2, p.stderr
+    assert "has 1000000 bytes available (DETLOGP_TESTING_MEMORY_LIMIT)" in p.stderr
+    assert "use fewer --tokens" in p.stderr
+    p = detlogp("bench", "--tokens", 64, "--real-vocab", 3000, env=env)
+    assert p.returncode == 2, p.stderr
+    assert "use fewer --tokens" in p.stderr and "1000000 bytes" in p.stderr
+
+
+def cgroup_v2_dir():
+    """A fresh child cgroup this test may write, or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            line = next(ln for ln in f if ln.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    base = "/sys/fs/cgroup" + line.strip()[3:]
+    d = os.path.join(base, f"detlogp-test-{os.getpid()}")
+    try:
+        os.mkdir(d)
+        with open(os.path.join(d, "memory.max"), "w") as f:
+            f.write("200000000\n")  # 200 MB
+    except OSError:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+        return None
+    return d
+
+
+def test_run_refused_under_a_real_cgroup_limit():
+    d = cgroup_v2_dir()
+    if d is None:
+        pytest.skip("no writable cgroup v2 here (the injected limit covers the refusal)")
+    try:
+        def enter():
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        # 4096 x 152064 bf16 logits + gradient = 2.5 GB > 200 MB.
+        p = subprocess.run([BIN, "run", "--tokens", "4096", "--tp", "1"], capture_output=True,
+                           text=True, timeout=120, preexec_fn=enter)
+        assert p.returncode == 2, p.stderr
+        assert "cgroup v2 memory.max 200000000" in p.stderr, p.stderr
+    finally:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def test_sparse_file_claiming_a_terabyte_names_the_file(tmp_path):
+    path = tmp_path / "huge.npy"
+    np.save(path, np.zeros(1, dtype=np.float32))
+    raw = path.read_bytes()
+    header = raw[:-4].replace(b"(1,)", b"(250000000000,)")
+    # Keep the header length: drop as many padding spaces as the shape grew.
+    grow = len(b"(250000000000,)") - len(b"(1,)")
+    nl = header.rindex(b"\n")
+    header = header[:nl - grow] + header[nl:]
+    path.write_bytes(header)
+    try:
+        os.truncate(path, len(header) + 250000000000 * 4)
+    except OSError:
+        pytest.skip("the file system refuses a 1 TB sparse file")
+    np.save(tmp_path / "t.npy", np.zeros(1, dtype=np.int64))
+    p = detlogp("logprob", "--logits", path, "--targets", tmp_path / "t.npy", "--out",
+                tmp_path / "o.safetensors")
+    assert p.returncode == 2, p.stderr
+    assert str(path) in p.stderr and "needs 1000000000000 bytes" in p.stderr
+    assert "bad_alloc" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "logprob"])
+def test_tp_above_the_in_process_limit_is_refused(inputs, command):
+    if command == "run":
+        p = detlogp("run", "--tokens", 8, "--real-vocab", 3000, "--tp", 65)
+    else:
+        p = logprob(inputs, inputs / "o.safetensors", "--tp", 65)
+    assert p.returncode == 2, p.stderr
+    assert "must be in [1, 64]" in p.stderr and "square" in p.stderr
+
+
+@pytest.mark.parametrize("args,phrase", [
+    (["--tile-width", INT64_MAX], None),
+    (["--real-vocab", INT64_MAX], "overflows"),
+    (["--real-vocab", INT64_MAX - 100, "--tp", 2], "overflows"),
+    (["--collective-timeout", -1], "--collective-timeout"),
+    (["--collective-timeout", "inf"], "--collective-timeout"),
+])
+def test_extreme_run_options_are_clear_errors(args, phrase):
+    p = detlogp("run", "--tokens", 4, *args)
+    if phrase is None:  # a tile wider than the vocabulary: one tile, one rank is fine
+        assert "0 tiles" not in p.stderr
+        p = detlogp("run", "--tokens", 4, *args, "--tp", 2)
+    assert p.returncode == 2, p.stderr
+    assert "0 tiles" not in p.stderr
+    if phrase:
+        assert phrase in p.stderr
+
+
+pytestmark_mpi = pytest.mark.skipif(not MPIEXEC, reason="built without MPI")
+
+
+@pytestmark_mpi
+@pytest.mark.parametrize("bad", [["--tp", 3], ["--backend", "nope"], ["--tokens", 7]])
+def test_mpi_bad_option_on_one_rank_ends_every_rank(bad):
+    common = ["run", "--comm", "mpi", "--tokens", 16, "--real-vocab", 3000, "--threads", 1,
+              "--collective-timeout", 20]
+    cmd = MPIEXEC + ["--timeout", "60", "-n", "1", BIN] + [str(a) for a in common] + \
+        [":", "-n", "1", BIN] + [str(a) for a in common + bad]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert p.returncode != 0
+    assert "rank 1" in p.stderr, p.stderr
+    assert "timed out" not in p.stderr  # refused by the agreement, not by a timeout

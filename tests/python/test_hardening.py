@@ -1,0 +1,68 @@
+"""Overflow in the shard-bound helpers raises LogprobContractError (never negative bounds), and
+a torch.distributed rank that never calls forward makes its peer raise the timeout error of
+TorchDistributedComm(timeout=...) instead of hanging."""
+
+import pathlib
+
+import pytest
+
+import detlogp
+
+HERE = pathlib.Path(__file__).parent
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("call", [
+    lambda: detlogp.megatron_bounds(INT64_MAX, 2),
+    lambda: detlogp.megatron_bounds(INT64_MAX, 1),
+    lambda: detlogp.megatron_padded_vocab(INT64_MAX - 5, 2),
+    lambda: detlogp.megatron_padded_vocab(1, 2**62, 128),
+])
+def test_overflow_raises(call):
+    with pytest.raises(detlogp.LogprobContractError, match="overflows"):
+        call()
+
+
+def test_bounds_near_int64_max_stay_a_partition():
+    for tp in (1, 2, 3):
+        bounds = detlogp.even_tile_aligned_bounds(INT64_MAX, tp, 128)
+        assert bounds[0][0] == 0 and bounds[-1][1] == INT64_MAX
+        assert all(b[1] > b[0] >= 0 for b in bounds)
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert detlogp.even_tile_aligned_bounds(151936, 1, INT64_MAX) == ((0, 151936),)
+    padded, bounds = detlogp.megatron_bounds(INT64_MAX // 256 * 256 - 1000, 2)
+    assert padded > 0 and all(b[1] > b[0] >= 0 for b in bounds)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "2"])
+def test_torch_comm_timeout_must_be_positive_seconds(bad):
+    with pytest.raises(detlogp.LogprobContractError, match="timeout"):
+        detlogp.TorchDistributedComm(timeout=bad)
+
+
+def test_rank_that_never_calls_forward_times_out_its_peer(tmp_path):
+    torch = pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+
+    import timeout_worker
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=timeout_worker.main,
+                         args=(r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} hung"
+    message = (tmp_path / "rank0.txt").read_text()
+    print(message)
+    assert message.startswith("RuntimeError"), message
+    assert "all_gather timed out after 2 s on rank 0 of 2" in message
+    seconds = float(message.split(" after ")[1].split(" s")[0])
+    assert 1.5 <= seconds < 60
+    del torch
