@@ -110,6 +110,20 @@ int logprob_command(const LogprobOptions& o) {
   const Device device = parse_device(o.device);
   init_device(device);
 
+  // Memory, up front: the logits and, when any gradient is asked for, a gradient of the same
+  // size, against what this process may still allocate (before anything is read).
+  const bool wants_gradient =
+      !o.grad_logp.empty() || !o.grad_lse.empty() || !o.grad_entropy.empty();
+  {
+    const io::TensorInfo info = io::read_tensor_info(o.logits, "logits");
+    io::require_memory(
+        io::checked_product({info.nbytes, wants_gradient ? 2u : 1u}, "the logits and gradient"),
+        fmt::format("{}: the logits {} of {}{}", o.logits, io::format_shape(info.shape),
+                    io::dtype_name(info.dtype), wants_gradient ? " and their gradient" : ""),
+        wants_gradient ? "use a file with fewer tokens, or no --grad-* options (no gradient)"
+                       : "use a file with fewer tokens");
+  }
+
   // Inputs.
   const io::Tensor logits_t = io::read_tensor(o.logits, "logits");
   const LogitsView logits = io::as_logits_view(logits_t, o.logits);

@@ -74,8 +74,13 @@ void cgroup_limits(AvailableMemory& best) {
     std::stringstream list(controllers);
     for (std::string c; std::getline(list, c, ',');) memory = memory || c == "memory";
     if (!memory) continue;
-    const std::filesystem::path base =
-        v2 ? std::filesystem::path(kCgroupRoot) : std::filesystem::path(kCgroupRoot) / "memory";
+    // v2: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid (v1 + v2) host.
+    std::filesystem::path base = std::filesystem::path(kCgroupRoot) / "memory";
+    if (v2) {
+      base = std::filesystem::path(kCgroupRoot);
+      std::error_code ec;
+      if (!std::filesystem::exists(base / "cgroup.controllers", ec)) base /= "unified";
+    }
     // This cgroup and every ancestor: a parent's limit binds its children.
     for (std::filesystem::path dir = base / rel;; dir = dir.parent_path()) {
       if (v2) {

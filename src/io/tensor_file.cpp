@@ -28,6 +28,16 @@ Tensor read_tensor(const std::filesystem::path& path, std::string_view name) {
   return tensor;
 }
 
+TensorInfo read_tensor_info(const std::filesystem::path& path, std::string_view name) {
+  if (tensor_file_format(path) == TensorFileFormat::safetensors) {
+    const SafetensorsHeader header = read_safetensors_header(path);
+    const SafetensorsEntry& entry = header.select(name, path.string());
+    return {entry.dtype, entry.shape, entry.end - entry.begin};
+  }
+  NpyHeader header = read_npy_header(path);
+  return {header.dtype, std::move(header.shape), header.data_bytes};
+}
+
 void write_tensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
                    const Metadata& metadata) {
   if (tensor_file_format(path) == TensorFileFormat::safetensors) {

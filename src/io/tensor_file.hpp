@@ -20,6 +20,15 @@ TensorFileFormat tensor_file_format(const std::filesystem::path& path);
 // `name` is empty).
 Tensor read_tensor(const std::filesystem::path& path, std::string_view name = {});
 
+// What read_tensor(path, name) would return, from the header alone (no data read): for
+// checking sizes before anything is allocated.
+struct TensorInfo {
+  TensorDType dtype = TensorDType::F32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;
+};
+TensorInfo read_tensor_info(const std::filesystem::path& path, std::string_view name = {});
+
 // Atomic writes. .npy holds exactly one tensor and no metadata.
 void write_tensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
                    const Metadata& metadata = {});

@@ -76,68 +76,83 @@ def test_250_byte_output_name(inputs):
 
 
 def test_gradient_beyond_the_memory_limit_is_refused_up_front(inputs):
-    # The logits (6 KB) fit under 8 KB, their gradient on top of them does not... under a limit
-    # that the reader's own check passes.
+    # The logits (6144 bytes) fit under the limit, the logits and their gradient do not.
     limit = 6 * 256 * 4 + 100
-    p = logprob(inputs, inputs / "out.safetensors", "--grad-logp", inputs / "g.npy",
+    p = logprob(inputs, inputs / "out.safetensors", env={"DETLOGP_TESTING_MEMORY_LIMIT": str(limit)})
+    assert p.returncode == 0, p.stderr
+    p = logprob(inputs, inputs / "out2.safetensors", "--grad-logp", inputs / "g.npy",
                 env={"DETLOGP_TESTING_MEMORY_LIMIT": str(limit)})
     assert p.returncode == 2, p.stderr
-    assert "needs 6144 bytes" in p.stderr and f"has {limit} bytes available" in p.stderr
-    assert "--grad-*" in p.stderr
-    assert not (inputs / "out.safetensors").exists()
+    assert "needs 12288 bytes" in p.stderr and f"has {limit} bytes available" in p.stderr
+    assert "logits.safetensors" in p.stderr and "--grad-*" in p.stderr
+    assert not (inputs / "out2.safetensors").exists()
 
 
 def test_run_and_bench_refused_under_an_injected_limit():
-    env = {"DETLOGP_TESTING_MEMORY_LIMIT": "1000000"}
+    # 64 x 3072 bf16 logits and gradient: 786432 bytes.
+    env = {"DETLOGP_TESTING_MEMORY_LIMIT": "100000"}
     p = detlogp("run", "--tokens", 64, "--real-vocab", 3000, "--tp", 1, env=env)
     assert p.returncode == 2, p.stderr
-    assert "has 1000000 bytes available (DETLOGP_TESTING_MEMORY_LIMIT)" in p.stderr
+    assert "needs 786432 bytes" in p.stderr
+    assert "has 100000 bytes available (DETLOGP_TESTING_MEMORY_LIMIT)" in p.stderr
     assert "use fewer --tokens" in p.stderr
     p = detlogp("bench", "--tokens", 64, "--real-vocab", 3000, env=env)
     assert p.returncode == 2, p.stderr
-    assert "use fewer --tokens" in p.stderr and "1000000 bytes" in p.stderr
+    assert "use fewer --tokens" in p.stderr and "100000 bytes" in p.stderr
 
 
-def cgroup_v2_dir():
-    """A fresh child cgroup this test may write, or None."""
+def limited_cgroup(limit):
+    """(directory, file to write a pid to, expected source text) of a fresh child memory cgroup
+    with `limit`, v2 or v1, or None when no memory cgroup is writable here."""
     try:
         with open("/proc/self/cgroup") as f:
-            line = next(ln for ln in f if ln.startswith("0::"))
-    except (OSError, StopIteration):
-        return None
-    base = "/sys/fs/cgroup" + line.strip()[3:]
-    d = os.path.join(base, f"detlogp-test-{os.getpid()}")
-    try:
-        os.mkdir(d)
-        with open(os.path.join(d, "memory.max"), "w") as f:
-            f.write("200000000\n")  # 200 MB
+            lines = [ln.strip().split(":", 2) for ln in f]
     except OSError:
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
         return None
-    return d
+    for _, controllers, path in lines:
+        if controllers == "":
+            base = next((b for b in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+                         if os.path.exists(os.path.join(b, "cgroup.controllers"))), None)
+            limit_file, version = "memory.max", "v2"
+        elif "memory" in controllers.split(","):
+            base, limit_file, version = "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "v1"
+        else:
+            continue
+        if base is None:
+            continue
+        d = os.path.join(base + path, f"detlogp-test-{os.getpid()}")
+        try:
+            os.mkdir(d)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(d, limit_file), "w") as f:
+                f.write(f"{limit}\n")
+            with open(os.path.join(d, limit_file)) as f:
+                actual = f.read().strip()
+            return d, os.path.join(d, "cgroup.procs"), f"cgroup {version} {limit_file} {actual}"
+        except OSError:
+            os.rmdir(d)
+    return None
 
 
 def test_run_refused_under_a_real_cgroup_limit():
-    d = cgroup_v2_dir()
-    if d is None:
-        pytest.skip("no writable cgroup v2 here (the injected limit covers the refusal)")
+    cg = limited_cgroup(200_000_000)
+    if cg is None:
+        pytest.skip("no writable memory cgroup here (the injected limit covers the refusal)")
+    d, procs, source = cg
     try:
         def enter():
-            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            with open(procs, "w") as f:
                 f.write(str(os.getpid()))
-        # 4096 x 152064 bf16 logits + gradient = 2.5 GB > 200 MB.
+        # 4096 x 151936 bf16 logits + gradient = 2.5 GB > 200 MB.
         p = subprocess.run([BIN, "run", "--tokens", "4096", "--tp", "1"], capture_output=True,
                            text=True, timeout=120, preexec_fn=enter)
         assert p.returncode == 2, p.stderr
-        assert "cgroup v2 memory.max 200000000" in p.stderr, p.stderr
+        assert source in p.stderr, p.stderr
+        assert "use fewer --tokens" in p.stderr
     finally:
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
+        os.rmdir(d)
 
 
 def test_sparse_file_claiming_a_terabyte_names_the_file(tmp_path):
