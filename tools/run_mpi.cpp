@@ -228,7 +228,7 @@ std::string agree_on_options(const RunOptions& o, MpiComm& world) {
   return {};
 }
 
-int run_on_world(const RunOptions& o, const MpiComm& world) {
+int run_on_world(const RunOptions& o, MpiComm& world) {
   const int n = world.size();
   const int me = world.rank();
   const Topology topo = topology(o, n);
@@ -291,13 +291,25 @@ int run_on_world(const RunOptions& o, const MpiComm& world) {
                              .rows = slice.count,
                              .cols = shard.size(),
                              .row_stride = shard.size()};
-  int flags[2] = {replicated_in_group(groups.tp_group, score.result) ? 1 : 0,
-                  padding_is_zero(grad_read, real_cols) ? 1 : 0};
-  int all_flags[2] = {0, 0};
-  mpi_check(MPI_Reduce(flags, all_flags, 2, MPI_INT, MPI_MIN, 0, MPI_COMM_WORLD), "MPI_Reduce");
-  double times[2] = {score.forward_seconds, score.backward_seconds};
+  // (All-gathers of the world communicator: under its collective timeout, like every collective
+  // of this command.)
+  struct Verdict {
+    double times[2];
+    int flags[2];
+  };
+  const Verdict verdict{{score.forward_seconds, score.backward_seconds},
+                        {replicated_in_group(groups.tp_group, score.result) ? 1 : 0,
+                         padding_is_zero(grad_read, real_cols) ? 1 : 0}};
+  std::vector<Verdict> verdicts(static_cast<std::size_t>(n));
+  all_gather(world, std::span<const Verdict>(&verdict, 1), std::span<Verdict>(verdicts));
+  int all_flags[2] = {1, 1};
   double max_times[2] = {0, 0};
-  mpi_check(MPI_Reduce(times, max_times, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD), "MPI_Reduce");
+  for (const Verdict& v : verdicts) {
+    for (int k = 0; k < 2; ++k) {
+      all_flags[k] = std::min(all_flags[k], v.flags[k]);
+      max_times[k] = std::max(max_times[k], v.times[k]);
+    }
+  }
 
   // This process's gradient block, real columns only, packed row by row.
   std::vector<std::byte> packed(static_cast<std::size_t>(slice.count * real_cols) * esz);
@@ -390,8 +402,9 @@ int run_on_world(const RunOptions& o, const MpiComm& world) {
     std::cout.flush();
     code = report.passed() ? kExitOk : kExitCheckFailed;
   }
-  mpi_check(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
-  return code;
+  std::vector<int> codes(static_cast<std::size_t>(n));
+  all_gather(world, std::span<const int>(&code, 1), std::span<int>(codes));
+  return codes[0];  // rank 0's verdict
 }
 
 }  // namespace

@@ -169,7 +169,12 @@ TEST(SafetensorsHeader, HundredThousandTensorsParseInLinearTime) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("parsed a header of 100000 tensors (%zu bytes) in %.3f s\n", header.size(), seconds);
   EXPECT_EQ(parsed.entries.size(), 100'000u);
-  EXPECT_LT(seconds, 10.0);  // quadratic parsing took minutes
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr double kBound = 60.0;  // the sanitizers slow everything several times
+#else
+  constexpr double kBound = 10.0;  // generous: under a second here; quadratic parsing took minutes
+#endif
+  EXPECT_LT(seconds, kBound);
 }
 
 TEST(SafetensorsHeader, TensorCountAboveTheCapIsRefused) {
