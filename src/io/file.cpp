@@ -297,7 +297,7 @@ void commit_all(std::span<AtomicOutputFile* const> files) {
       }
       std::string message = error.what();
       if (!restored.empty()) message += "; left as before: " + restored;
-      if (!lost.empty()) message += "; COULD NOT RESTORE: " + lost;
+      if (!lost.empty()) message += "; could not restore: " + lost;
       if (dynamic_cast<const ContractError*>(&error) != nullptr) throw ContractError(message);
       throw std::runtime_error(detail::printable(message, 4000));
     }
