@@ -292,10 +292,15 @@ def test_nccl_group_gathers_device_tensors(monkeypatch):
     monkeypatch.setattr(dcomm, "transport_device",
                         lambda backend: calls.append(backend) or torch.device("cpu"))
 
-    def fake_all_gather(outs, send, group=None):
+    class Done:  # a completed torch.distributed Work (the transport waits with a timeout)
+        def wait(self, timeout=None):
+            return True
+
+    def fake_all_gather(outs, send, group=None, async_op=False):
         calls.append(("all_gather", send.device.type, len(outs)))
         for k, o in enumerate(outs):
             o.copy_(send + k)
+        return Done() if async_op else None
 
     monkeypatch.setattr(dist, "all_gather", fake_all_gather)
     comm = dcomm.TorchDistributedComm(object())
