@@ -154,7 +154,7 @@ std::vector<std::string> agreed_options(const RunOptions& o) {
           fmt::format("--tp {}", o.tp.empty() ? "(default)" : o.tp),
           fmt::format("--cp {}", o.cp),
           fmt::format("--tile-width {}", o.tile_width),
-          fmt::format("--seed {}", o.seed),
+          fmt::format("--batch-key {}", o.batch_key),
           fmt::format("--temperature {}", o.temperature),
           fmt::format("--backend {}", o.backend),
           fmt::format("--collective-timeout {}", o.collective_timeout)};
