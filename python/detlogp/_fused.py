@@ -18,11 +18,9 @@ from ._checks import check_bool, check_int
 from ._comm import communicator_for
 from ._contract import LogprobContract, MaskSpec, ShardingSpec
 from ._detlogp import LogprobContractError
-from ._op import _fail_with_group, _grad_array, _is_tensor, _targets, _torch, _torch_dtype_name
+from ._op import _fail_with_group, _grad_array, _is_tensor, _logits_view, _targets, _torch
 
 __all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
-
-_NUMPY_DTYPES = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
 
 
 def fused_kernel_names():
@@ -32,43 +30,10 @@ def fused_kernel_names():
 
 def _view(x, name):
     """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
-    if _is_tensor(x):
-        if x.device.type != "cpu":
-            raise LogprobContractError(
-                f"{name} must be a CPU tensor (the fused lm_head runs on the CPU); got {x.device}")
-        dtype = _torch_dtype_name(x.dtype)
-        if dtype is None:
-            raise LogprobContractError(
-                f"{name} dtype {x.dtype} is not supported; expected torch.bfloat16, "
-                "torch.float16 or torch.float32")
-        if x.dim() != 2:
-            raise LogprobContractError(f"{name} must be 2-D; got shape {tuple(x.shape)}")
-        rows, cols = x.shape
-        s0, s1 = x.stride()
-        address = x.data_ptr()
-    elif isinstance(x, np.ndarray):
-        dtype = _NUMPY_DTYPES.get(x.dtype)
-        if dtype is None:
-            raise LogprobContractError(
-                f"{name} dtype {x.dtype} is not supported; expected float16 or float32 (bf16: "
-                "pass a torch.bfloat16 tensor)")
-        if x.ndim != 2:
-            raise LogprobContractError(f"{name} must be 2-D; got shape {x.shape}")
-        rows, cols = x.shape
-        item = x.itemsize
-        if any(s % item or s < 0 for s in x.strides):
-            raise LogprobContractError(
-                f"{name} strides {x.strides} must be non-negative multiples of the element size")
-        s0, s1 = x.strides[0] // item, x.strides[1] // item
-        address = x.__array_interface__["data"][0]
-    else:
+    if _is_tensor(x) and x.device.type != "cpu":
         raise LogprobContractError(
-            f"{name} must be a torch.Tensor or a numpy.ndarray; got {type(x).__name__}")
-    if cols > 1 and s1 != 1:
-        raise LogprobContractError(
-            f"{name} must be contiguous in its last dimension (any row stride); got strides "
-            f"{(s0, s1)} in elements: pass {name}.contiguous() if a copy is acceptable")
-    return (address, dtype, rows, cols, s0 if rows > 1 else max(s0, cols))
+            f"{name} must be a CPU tensor (the fused lm_head runs on the CPU); got {x.device}")
+    return _logits_view(x, name, shape="")
 
 
 def linear_logits(hidden, weight, *, threads=0, kernel=""):

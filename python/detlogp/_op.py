@@ -98,22 +98,20 @@ def _on_device(x):
         yield
 
 
-def _logits_view(x):
-    """(address, dtype, rows, cols, row_stride) of a 2-D logits buffer, without copying (a CUDA
-    tensor gives its device address)."""
+def _logits_view(x, name="local_logits", shape=" [num_tokens, local_vocab]"):
+    """(address, dtype, rows, cols, row_stride) of a 2-D buffer (the logits, or the fused lm_head's
+    hidden states and weight), without copying (a CUDA tensor gives its device address)."""
     if _is_tensor(x):
         _platform_of(x)
         if x.layout != _torch().strided:
-            raise LogprobContractError(f"local_logits must be a strided tensor; got {x.layout}")
+            raise LogprobContractError(f"{name} must be a strided tensor; got {x.layout}")
         dtype = _torch_dtype_name(x.dtype)
         if dtype is None:
             raise LogprobContractError(
-                f"local_logits dtype {x.dtype} is not supported; expected torch.bfloat16, "
+                f"{name} dtype {x.dtype} is not supported; expected torch.bfloat16, "
                 "torch.float16 or torch.float32")
         if x.dim() != 2:
-            raise LogprobContractError(
-                f"local_logits must be 2-D [num_tokens, local_vocab]; got shape "
-                f"{tuple(x.shape)}")
+            raise LogprobContractError(f"{name} must be 2-D{shape}; got shape {tuple(x.shape)}")
         rows, cols = x.shape
         s0, s1 = x.stride()
         address = x.data_ptr()
@@ -121,27 +119,26 @@ def _logits_view(x):
         dtype = _NUMPY_DTYPES.get(x.dtype)
         if dtype is None:
             raise LogprobContractError(
-                f"local_logits dtype {x.dtype} is not supported; expected float16 or float32 "
-                "(bf16 logits: pass a torch.bfloat16 tensor)")
+                f"{name} dtype {x.dtype} is not supported; expected float16 or float32 "
+                "(bf16: pass a torch.bfloat16 tensor)")
         if x.ndim != 2:
-            raise LogprobContractError(
-                f"local_logits must be 2-D [num_tokens, local_vocab]; got shape {x.shape}")
+            raise LogprobContractError(f"{name} must be 2-D{shape}; got shape {x.shape}")
         rows, cols = x.shape
         item = x.itemsize
         if any(s % item for s in x.strides) or any(s < 0 for s in x.strides):
             raise LogprobContractError(
-                f"local_logits strides {x.strides} must be non-negative multiples of the "
+                f"{name} strides {x.strides} must be non-negative multiples of the "
                 f"element size {item}")
         s0, s1 = x.strides[0] // item, x.strides[1] // item
         address = x.__array_interface__["data"][0]
     else:
         raise LogprobContractError(
-            f"local_logits must be a torch.Tensor or a numpy.ndarray; got {type(x).__name__}")
+            f"{name} must be a torch.Tensor or a numpy.ndarray; got {type(x).__name__}")
     if cols > 1 and s1 != 1:
         raise LogprobContractError(
-            f"local_logits must be contiguous in its last dimension (any row stride); got "
-            f"strides {(s0, s1)} in elements. detlogp never copies logits: pass "
-            "x.contiguous() explicitly if a copy is acceptable")
+            f"{name} must be contiguous in its last dimension (any row stride); got "
+            f"strides {(s0, s1)} in elements. detlogp never copies its inputs: pass "
+            f"{name}.contiguous() explicitly if a copy is acceptable")
     row_stride = s0 if rows > 1 else max(s0, cols)
     return address, dtype, rows, cols, row_stride
 
