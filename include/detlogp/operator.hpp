@@ -34,6 +34,13 @@ struct ForwardOptions {
   // a grad_entropy with ContractError instead of silently dropping it. Changes no bits.
   bool entropy_grad = true;
   ExecOptions exec = {};
+  // Which of the caller's tokens each row is, when the rows are not the tokens in order (a
+  // binding that reads N-D logits through one 2-D view of its buffer: a permutation of the
+  // leading dims, or rows between tokens that are masked out); empty: row i is token i. The
+  // preflight compares it across ranks before anything else, so that ranks whose row i is a
+  // different token fail together (ContractError ranks_disagree, field "rows_layout") instead
+  // of merging partials of unrelated tokens. At most 63 characters (a longer text is cut).
+  std::string rows_layout = {};
 };
 
 // What backward needs from forward, kept by the LogprobResult (opaque).
@@ -57,6 +64,14 @@ LogitsView saved_logits(const LogprobResult& result);
 // preflight failed: rank R failed local validation: <message>") instead of waiting for this
 // rank; then throws ContractError(message) here. With a communicator of one rank it just throws.
 [[noreturn]] void fail_preflight(Communicator& comm, const std::string& message);
+
+// For a rank whose call holds no tokens (an empty micro-batch, which no contract can describe:
+// num_tokens > 0): joins the preflight that the other ranks of `comm` run inside forward, with
+// zero rows. Returns only when every rank of `comm` has no tokens either (there is nothing to
+// compute: the caller returns empty outputs, no further collective); when another rank has
+// tokens, every rank throws ContractError ("cross-rank preflight failed: ranks disagree on the
+// row count ..."). With a communicator of one rank it returns at once.
+void preflight_no_tokens(Communicator& comm);
 
 // The checks forward runs before it looks at the communicator, in forward's order: the mode
 // (tile alignment, or deterministic=false against cross_tp_bitwise), then the logits' and

@@ -1,8 +1,10 @@
 """What the functional API keeps between calls, so a steady training loop builds nothing twice.
 
 - Contracts, keyed by everything that goes into them (shape, dtype, sharding, temperature,
-  tile width, scope, ignore_index and the mask bytes): a micro-batch with the mask of an
-  earlier one reuses its contract; an all-active mask needs no bytes in the key.
+  tile width, scope, ignore_index and a 128-bit digest of the mask): a micro-batch with the
+  mask of an earlier one reuses its contract; an all-active mask needs no digest. A kept
+  contract holds its mask once (one bit per token, in C++), and the masks kept stay under
+  ``contract_bytes`` in all.
 - Dispatch results, keyed by the contract minus its mask (and whether every token is active,
   the one mask property a capability looks at).
 - Communicators, one per process group.
@@ -18,6 +20,7 @@ instance unless given another. ``clear()`` drops everything (e.g. after register
 """
 
 import collections
+import hashlib
 import sys
 import threading
 import weakref
@@ -31,35 +34,54 @@ from ._contract import LogprobContract, MaskSpec
 from ._op import get_logprob_op
 
 
+def mask_digest(active_bytes):
+    """The cache key of a mask: a 128-bit BLAKE2b digest of its bits (one byte per token in,
+    packed to one bit per token first: 16 bytes kept whatever the token count)."""
+    return hashlib.blake2b(np.packbits(active_bytes).data, digest_size=16).digest()
+
+
 class _Lru:
-    def __init__(self, capacity):
+    """At most ``capacity`` items whose weights sum to at most ``max_weight`` (the newest
+    item is kept even when it alone weighs more)."""
+
+    def __init__(self, capacity, max_weight=None):
         self.capacity = capacity
-        self.items = collections.OrderedDict()
+        self.max_weight = max_weight
+        self.weight = 0
+        self.items = collections.OrderedDict()  # key -> (value, weight)
 
     def get(self, key):
-        value = self.items.get(key)
-        if value is not None:
-            self.items.move_to_end(key)
-        return value
-
-    def put(self, key, value):
-        self.items[key] = value
+        found = self.items.get(key)
+        if found is None:
+            return None
         self.items.move_to_end(key)
-        while len(self.items) > self.capacity:
-            self.items.popitem(last=False)
+        return found[0]
+
+    def put(self, key, value, weight=0):
+        old = self.items.pop(key, None)
+        if old is not None:
+            self.weight -= old[1]
+        self.items[key] = (value, weight)
+        self.weight += weight
+        while len(self.items) > self.capacity or (
+                self.max_weight is not None and self.weight > self.max_weight
+                and len(self.items) > 1):
+            self.weight -= self.items.popitem(last=False)[1][1]
 
 
 class CallCache:
     """Contracts, dispatch results, communicators and gradient buffers of the functional API.
 
-    ``contracts``: how many contracts to keep (LRU); ``grad_buffers``: how many gradient
-    buffers to keep for reuse (0 disables the pool); ``min_pooled_bytes``: smaller gradients
-    are allocated fresh (they cost little).
+    ``contracts``: how many contracts to keep (LRU); ``contract_bytes``: how many bytes of
+    masks (one bit per token) the kept contracts may hold in all, the most recent one
+    excepted; ``grad_buffers``: how many gradient buffers to keep for reuse (0 disables the
+    pool); ``min_pooled_bytes``: smaller gradients are allocated fresh (they cost little).
     """
 
-    def __init__(self, contracts=256, grad_buffers=2, min_pooled_bytes=1 << 20):
+    def __init__(self, contracts=256, grad_buffers=2, min_pooled_bytes=1 << 20,
+                 contract_bytes=64 << 20):
         self._lock = threading.Lock()
-        self._contracts = _Lru(contracts)
+        self._contracts = _Lru(contracts, contract_bytes)
         self._ops = _Lru(64)
         self._comms = weakref.WeakKeyDictionary()
         self._comm_by_id = {}
@@ -70,7 +92,7 @@ class CallCache:
 
     def clear(self):
         with self._lock:
-            self._contracts = _Lru(self._contracts.capacity)
+            self._contracts = _Lru(self._contracts.capacity, self._contracts.max_weight)
             self._ops = _Lru(64)
             self._comms = weakref.WeakKeyDictionary()
             self._comm_by_id = {}
@@ -97,10 +119,16 @@ class CallCache:
         return comm
 
     # --- contracts and dispatch ----------------------------------------------------------
+    def contract_mask_bytes(self):
+        """Bytes of masks the kept contracts hold (one bit per token each)."""
+        with self._lock:
+            return self._contracts.weight
+
     def contract(self, key, active, ignore_index, make_sharding, dtype, temperature, tile_width,
                  reduction):
         """The contract of ``key`` (built on a miss from the uint8 ``active`` mask and
-        ``make_sharding()``)."""
+        ``make_sharding()``). The key holds no mask (a digest of it), and what is kept is the
+        contract alone, holding its mask once."""
         with self._lock:
             found = self._contracts.get(key)
             self.stats["contract_hits" if found is not None else "contract_misses"] += 1
@@ -110,8 +138,9 @@ class CallCache:
         contract = LogprobContract(role="train", dtype=dtype, mask=mask, sharding=make_sharding(),
                                    reduction=reduction, tile_width=tile_width,
                                    temperature=temperature)
+        contract = contract._sharing_mask()
         with self._lock:
-            self._contracts.put(key, contract)
+            self._contracts.put(key, contract, (len(active) + 7) // 8)
         return contract
 
     def op(self, key, contract, platform):

@@ -401,6 +401,12 @@ class LogprobContract(_Frozen):
         """Compact JSON with sorted keys (byte-identical to the C++ to_json())."""
         return self._cpp.to_json()
 
+    def _sharing_mask(self):
+        """This contract with its ``mask`` a view of the C++ contract's own mask, so that the
+        mask is held once (the MaskSpec it was built from may be dropped)."""
+        object.__setattr__(self, "_mask", MaskSpec._from_cpp(self._cpp.mask))
+        return self
+
     def cross_rank_fingerprint(self):
         """Hex SHA-256 of the canonical JSON without the rank-local sharding keys."""
         return self._cpp.cross_rank_fingerprint()

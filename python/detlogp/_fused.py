@@ -18,7 +18,9 @@ from ._checks import check_bool, check_int
 from ._comm import communicator_for
 from ._contract import LogprobContract, MaskSpec, ShardingSpec
 from ._detlogp import LogprobContractError
-from ._op import _fail_with_group, _grad_array, _is_tensor, _logits_view, _targets, _torch
+from ._group import resolve_group
+from ._op import (_fail_with_group, _grad_array, _is_tensor, _logits_view, _targets, _torch,
+                  rejoin_on_layout)
 
 __all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
 
@@ -69,6 +71,48 @@ def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_
         sharding=ShardingSpec(tp_rank=rank, tp_world_size=tp, vocab_shard_bounds=bounds,
                               real_vocab_size=real, padded_vocab_size=padded),
         temperature=temperature, **kwargs)
+
+
+def _no_tokens(hidden, weight, comm, entropy):
+    """The outputs of a call without tokens, once every rank agreed that none has any: empty
+    fp32 outputs; for tensors that require grad, attached to autograd with zero gradients."""
+    if comm is not None and comm.size > 1:
+        def call():
+            _detlogp.preflight_no_tokens(comm)
+        rejoin_on_layout(call, call)
+    n = 3 if entropy else 2
+    if not _is_tensor(hidden):
+        return tuple(np.zeros(0, dtype=np.float32) for _ in range(n))
+    torch = _torch()
+    w = weight if _is_tensor(weight) else None
+    if torch.is_grad_enabled() and (hidden.requires_grad or (w is not None and w.requires_grad)):
+        return _no_tokens_function().apply(hidden, w, n)
+    return tuple(torch.zeros(0, dtype=torch.float32) for _ in range(n))
+
+
+_NO_TOKENS = None
+
+
+def _no_tokens_function():
+    global _NO_TOKENS
+    if _NO_TOKENS is None:
+        torch = _torch()
+
+        class NoTokens(torch.autograd.Function):
+            """(hidden [0, H], weight) -> empty outputs; backward: zero gradients."""
+
+            @staticmethod
+            def forward(ctx, hidden, weight, n):
+                ctx.specs = [None if t is None else (t.shape, t.dtype) for t in (hidden, weight)]
+                return tuple(torch.zeros(0, dtype=torch.float32) for _ in range(n))
+
+            @staticmethod
+            def backward(ctx, *grads):
+                return tuple(None if s is None else torch.zeros(s[0], dtype=s[1])
+                             for s in ctx.specs) + (None,)
+
+        _NO_TOKENS = NoTokens
+    return _NO_TOKENS
 
 
 def _make_function():
@@ -134,7 +178,10 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
 
     Torch tensors that require grad get autograd: ``hidden.grad`` (the full gradient, already
     summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
+    Without tokens (``hidden`` [0, H]) the outputs are empty and ``weight.grad`` is zero; at
+    TP > 1 every rank must then have none (checked by the preflight).
     """
+    group = resolve_group(group, "fused_linear_logprobs")
     try:
         check_bool(entropy, "entropy")
         check_bool(validate, "validate")
@@ -144,16 +191,21 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
         hv = _view(hidden, "hidden")
         wv = _view(weight, "weight")
         tg = _targets(targets)
+        no_tokens = hv[2] == 0 and len(tg) == 0 and contract is None
         if contract is None:
             comm = None if group is None else communicator_for(group, 2)
-            contract = _default_contract(hv, wv, tg, comm, real_vocab, tile_width, temperature,
-                                         ignore_index)
+            if not no_tokens:
+                contract = _default_contract(hv, wv, tg, comm, real_vocab, tile_width,
+                                             temperature, ignore_index)
         elif not isinstance(contract, LogprobContract):
             raise LogprobContractError("contract must be a LogprobContract")
-        comm = communicator_for(group, contract.sharding.tp_world_size)
+        if not no_tokens:
+            comm = communicator_for(group, contract.sharding.tp_world_size)
     except LogprobContractError as error:
         _fail_with_group(group, error)
         raise
+    if no_tokens:
+        return _no_tokens(hidden, weight, comm, entropy)
 
     def run(h, w):
         return _detlogp.fused_forward(

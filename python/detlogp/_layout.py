@@ -8,8 +8,15 @@ buffer: row ``sum(i_k * stride_k) / row_stride`` holds token ``(i_0, i_1, ...)``
 cover that belong to no token ("holes": the last position of each sequence for the causal
 shift) lie inside the caller's storage, between its tokens; they are masked out, computed and
 thrown away (one row per sequence). Only views with overlapping or too sparse rows are copied.
+
+Which token a row is depends on the memory layout, so at TP > 1 the ranks must agree on it:
+row i is merged with row i of every other rank. ``Cover.layout`` says it as text ("" when the
+rows are the tokens in order, whatever the row stride), the operator's preflight compares it
+across ranks, and ranks that differ read their logits again in token order (``in_token_order``:
+a copy on the ranks whose rows are not the tokens in order; docs/python.md, "No copy").
 """
 
+import hashlib
 import math
 
 import torch
@@ -26,14 +33,15 @@ class Cover:
     ``rows, row_stride``: the cover (elements); ``token_rows``: an int64 tensor mapping each
     token (in the row-major order of the leading dims) to its cover row, or None when the
     cover rows are the tokens in order; ``grad_strides``: the strides of the token view into
-    a contiguous [rows, cols] gradient buffer; ``copy``: the logits must be copied first.
+    a contiguous [rows, cols] gradient buffer; ``copy``: the logits must be copied first;
+    ``layout``: which token each row is, as text ("" when the rows are the tokens in order).
     """
 
     __slots__ = ("lead_shape", "tokens", "rows", "cols", "row_stride", "token_rows",
-                 "grad_strides", "copy")
+                 "grad_strides", "copy", "layout")
 
     def __init__(self, lead_shape, tokens, rows, cols, row_stride, token_rows, grad_strides,
-                 copy):
+                 copy, layout=""):
         self.lead_shape = lead_shape
         self.tokens = tokens
         self.rows = rows
@@ -42,10 +50,21 @@ class Cover:
         self.token_rows = token_rows
         self.grad_strides = grad_strides
         self.copy = copy
+        self.layout = layout
 
     @property
     def identity(self):
         return self.token_rows is None
+
+
+def _layout_text(lead_shape, rows, row_steps):
+    """Token (i_0, i_1, ...) of ``lead_shape`` is row sum(i_k * row_steps[k]) of ``rows``: the
+    same text on two ranks means the same token in every row. At most 63 characters (the
+    preflight's field): a longer text is replaced by its digest."""
+    text = f"shape {list(lead_shape)} rows {rows} steps {list(row_steps)}"
+    if len(text) > 63:
+        text = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:48]
+    return text
 
 
 def _copied(lead_shape, tokens, cols):
@@ -92,7 +111,21 @@ def cover_of(shape, strides, copy=False):
         return Cover(lead_shape, tokens, rows, cols, row_stride, None, grad_strides, False)
     token_rows = torch.as_strided(torch.arange(rows, dtype=torch.int64), lead_shape,
                                   tuple(row_steps)).reshape(-1)
-    return Cover(lead_shape, tokens, rows, cols, row_stride, token_rows, grad_strides, False)
+    return Cover(lead_shape, tokens, rows, cols, row_stride, token_rows, grad_strides, False,
+                 _layout_text(lead_shape, rows, row_steps))
+
+
+def in_token_order(cover):
+    """The cover of the same logits read with rows in token order: ``cover`` itself when its
+    rows already are the tokens in order, else a copy (one contiguous copy of the logits)."""
+    if cover.identity:
+        return cover
+    return _copied(cover.lead_shape, cover.tokens, cover.cols)
+
+
+def empty(lead_shape, cols):
+    """The cover of logits that hold no tokens (nothing is read)."""
+    return _copied(tuple(lead_shape), 0, cols)
 
 
 def cover_view(x, cover):

@@ -134,7 +134,7 @@ def _logits_view(x, name="local_logits", shape=" [num_tokens, local_vocab]"):
     else:
         raise LogprobContractError(
             f"{name} must be a torch.Tensor or a numpy.ndarray; got {type(x).__name__}")
-    if cols > 1 and s1 != 1:
+    if rows > 0 and cols > 1 and s1 != 1:  # (no rows: nothing is read, strides are moot)
         raise LogprobContractError(
             f"{name} must be contiguous in its last dimension (any row stride); got "
             f"strides {(s0, s1)} in elements. detlogp never copies its inputs: pass "
@@ -274,6 +274,25 @@ def _fail_with_group(group, error):
         pass
 
 
+def is_layout_disagreement(error):
+    """Whether ``error`` is the preflight's "ranks disagree on the rows layout" (every rank of
+    the call got it, from the same records)."""
+    return isinstance(error, LogprobContractError) and \
+        getattr(error, "field", "") == "rows_layout"
+
+
+def rejoin_on_layout(call, again):
+    """``call()``; when its preflight reports that the ranks' rows layouts differ, every rank
+    joins one more preflight: ``again()``, the same call with this rank's rows in token order
+    (the same call again where they already are). Any other error propagates."""
+    try:
+        return call()
+    except LogprobContractError as error:
+        if not is_layout_disagreement(error):
+            raise
+    return again()
+
+
 def _threads(threads, x):
     """The kernels' thread count: ``None`` means torch's (``torch.get_num_threads()``) for
     torch input and 0 (all hardware threads) for NumPy input."""
@@ -373,13 +392,18 @@ class LogprobOp:
         return f"LogprobOp(backend_id={self.backend_id!r}, kernels={self.kernel_name!r})"
 
     def forward(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
-                validate=True, entropy=False, threads=None, entropy_grad=True):
+                validate=True, entropy=False, threads=None, entropy_grad=True, rows_layout=""):
         """One forward without autograd: a ``LogprobForward`` (outputs + explicit backward).
 
         ``threads``: CPU threads of the kernels, forward and backward (0: all; None: torch's
         ``torch.get_num_threads()`` for torch input, all for NumPy); the bits never depend on
         it. ``entropy_grad=False``: the entropy is a constant for backward (which then rejects
-        a ``grad_entropy``); the outputs' bits are the same.
+        a ``grad_entropy``); the outputs' bits are the same. ``rows_layout``: which of the
+        caller's tokens each row is when they are not the tokens in order (``detlogp.torch``
+        sets it for N-D views; "" here: row i is token i). The preflight compares it across
+        ranks; when they differ every rank raises LogprobContractError (field "rows_layout"),
+        except that a rank whose rows are the tokens in order joins once more, as the ranks
+        with another layout do once they have their rows in token order.
         """
         try:
             _check_call(contract, deterministic, validate, entropy, entropy_grad)
@@ -399,12 +423,15 @@ class LogprobOp:
         except Exception as error:
             _fail_with_group(group, error)
             raise
-        with _on_device(local_logits):
-            handle = cpp.forward(
-                ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
-                owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
-                deterministic=deterministic, validate=validate, entropy=entropy,
-                threads=threads, entropy_grad=entropy_grad)
+        def call():
+            with _on_device(local_logits):
+                return cpp.forward(
+                    ptr=address, dtype=dtype, rows=rows, cols=cols, row_stride=row_stride,
+                    owner=local_logits, targets=targets, contract=contract._cpp, comm=comm,
+                    deterministic=deterministic, validate=validate, entropy=entropy,
+                    threads=threads, entropy_grad=entropy_grad, rows_layout=rows_layout)
+
+        handle = call() if rows_layout else rejoin_on_layout(call, call)
         return LogprobForward(handle, local_logits, platform, backend_id)
 
     def __call__(self, local_logits, target_ids, *, contract, group=None, deterministic=True,

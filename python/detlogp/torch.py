@@ -18,13 +18,15 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from detlogp import _detlogp
-from detlogp._call_cache import DEFAULT_CACHE, CallCache
+from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
 from detlogp._checks import check_bool, check_int
 from detlogp._contract import ReductionSpec, ShardingSpec, _temperature
 from detlogp._detlogp import LogprobContractError
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
-from detlogp._layout import cover_of, cover_view, from_rows, to_rows
-from detlogp._op import _platform_of, _threads
+from detlogp._group import resolve_group
+from detlogp._layout import cover_of, cover_view, empty, from_rows, in_token_order, to_rows
+from detlogp._op import (LogprobOp, _platform_of, _threads, is_layout_disagreement,
+                         rejoin_on_layout)
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
            "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE",
@@ -33,20 +35,53 @@ __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _REDUCTIONS = {True: ReductionSpec(), False: ReductionSpec(determinism_scope="fixed_topology")}
 _NO_IGNORE = -100  # the MaskSpec's ignore_index when the caller gives none
+_ONE_RANK = _detlogp.SelfComm()  # the group of calls that hold the whole vocabulary
 
 
 class _Prepared:
     """Everything one call needs, built before any collective."""
 
     __slots__ = ("view", "targets", "contract", "dispatch", "cover", "comm", "threads",
-                 "deterministic", "cache", "dtype", "device")
+                 "deterministic", "cache", "dtype", "device", "logits", "tokens", "key",
+                 "make_sharding", "platform")
 
-    def run(self, entropy, entropy_grad=True):
+    @property
+    def empty(self):
+        return self.cover.tokens == 0
+
+    def _forward(self, entropy, entropy_grad):
         # entropy_grad=False: the operator keeps no entropy for backward (a constant).
+        kwargs = {"rows_layout": self.cover.layout} if self.cover.layout else {}
         return self.dispatch.op.forward(self.view, self.targets, contract=self.contract,
                                         group=self.comm, deterministic=self.deterministic,
                                         entropy=entropy, threads=self.threads,
-                                        entropy_grad=entropy_grad or not entropy)
+                                        entropy_grad=entropy_grad or not entropy, **kwargs)
+
+    def run(self, entropy, entropy_grad=True):
+        """The forward of a call with tokens. When the ranks' rows layouts differ (their row
+        i is not the same token), every rank joins the preflight once more with its rows in
+        token order: a rank whose rows are not copies its logits (``in_token_order``)."""
+        if not self.cover.layout:
+            return self._forward(entropy, entropy_grad)
+        try:
+            return self._forward(entropy, entropy_grad)
+        except LogprobContractError as error:
+            if not is_layout_disagreement(error):
+                raise
+        try:
+            _bind(self, in_token_order(self.cover))
+        except Exception as error:
+            _fail_peers(self.comm, error)
+            raise
+        return self._forward(entropy, entropy_grad)
+
+    def no_tokens(self):
+        """A call without tokens: at TP > 1 it joins its peers' preflight with zero rows (they
+        all have none, or every rank raises), then nothing is computed."""
+        if self.comm is not None and self.comm.size > 1:
+            def call():
+                _detlogp.preflight_no_tokens(self.comm)
+            rejoin_on_layout(call, call)
 
 
 def _bounds(vocab_start, cols, tp, rank):
@@ -59,13 +94,67 @@ def _bounds(vocab_start, cols, tp, rank):
                     f"vocab_start={start} does not match equal shards of {cols} columns (rank "
                     f"{rank} starts at {rank * cols}); for unequal shards pass vocab_start as "
                     "the full table [(start, end), ...] of every rank")
-        return tuple((k * cols, (k + 1) * cols) for k in range(tp)), cols * tp
+        return tuple((k * cols, (k + 1) * cols) for k in range(tp)), cols * tp, True
     bounds = tuple((check_int(s, "vocab_start bound"), check_int(e, "vocab_start bound"))
                    for s, e in vocab_start)
     if len(bounds) != tp:
         raise LogprobContractError(
             f"vocab_start lists {len(bounds)} shards but the group has {tp} ranks")
-    return bounds, bounds[-1][1]
+    return bounds, bounds[-1][1], False
+
+
+def _real_vocab(real_vocab, padded, cols, tp, inferred):
+    """``real_vocab`` checked against the vocabulary the logits hold (default: all of it)."""
+    if real_vocab is None:
+        return padded
+    real = check_int(real_vocab, "real_vocab", "positive")
+    if real > padded and not inferred:
+        raise LogprobContractError(
+            f"real_vocab={real} is larger than the vocabulary of the vocab_start table, which "
+            f"ends at column {padded}; pass real_vocab <= {padded} (the number of real, "
+            "unpadded tokens) or a table that covers the whole padded vocabulary")
+    if real > padded:
+        from detlogp._contract import megatron_padded_vocab
+
+        try:
+            fit = megatron_padded_vocab(real, tp)
+            fix = (f"; or, if real_vocab={real} is right, pass logits of the whole padded "
+                   f"vocabulary: detlogp.megatron_padded_vocab({real}, {tp}) = {fit} columns "
+                   f"({fit // tp} per rank)")
+        except LogprobContractError:
+            fix = ""
+        raise LogprobContractError(
+            f"real_vocab={real} is larger than the vocabulary the logits hold: {cols} columns "
+            f"(logits.shape[-1]) x {tp} TP rank(s) = {padded}, the padded vocabulary inferred "
+            f"from the logits' width and the group's size. Pass real_vocab <= {padded} (the "
+            f"number of real, unpadded tokens){fix}")
+    return real
+
+
+def _check_tiles(bounds, tile_width, real, tp, cols, inferred):
+    """Deterministic mode reads the vocabulary in tiles of W columns: every bound between two
+    ranks must be a multiple of W. Raised here, before any collective, with the fix."""
+    w = _detlogp.DEFAULT_TILE_WIDTH if tile_width is None else tile_width
+    cut = next((e for _, e in bounds[:-1] if e % w), None)
+    if cut is None:
+        return
+    from detlogp._contract import megatron_padded_vocab
+
+    try:
+        fit = megatron_padded_vocab(real, tp, w)
+        args = f"{real}, {tp}" + ("" if w == 128 else f", {w}")
+        pad = (f"pad the LM head as Megatron does, to detlogp.megatron_padded_vocab({args}) "
+               f"= {fit} rows ({fit // tp} per rank; real_vocab={real} keeps the "
+               "padding out of the softmax)")
+    except LogprobContractError:
+        pad = "pad the LM head to a multiple of the tile width times the TP size"
+    where = (f"logits.shape[-1]={cols} columns per rank" if inferred else
+             f"vocab_start puts a shard bound at column {cut}")
+    raise LogprobContractError(
+        f"{where} is not a multiple of the vocab tile width {w} (tile_width"
+        f"{'' if tile_width is not None else ', the default'}): deterministic mode needs every "
+        f"bound between TP shards on a tile boundary. Fix: {pad}, or pass a tile_width that "
+        f"divides every shard bound, or deterministic=False (not bitwise across TP degrees)")
 
 
 def _int_targets(targets, lead_shape):
@@ -118,42 +207,58 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     check_bool(deterministic, "deterministic")
     lead_shape, cols = tuple(logits.shape[:-1]), logits.shape[-1]
     flat_targets = _int_targets(targets, lead_shape)
-    if flat_targets.numel() == 0:
-        raise LogprobContractError(f"logits of shape {tuple(logits.shape)} hold no tokens")
     active = _active(flat_targets, loss_mask, ignore_index, lead_shape)
-
-    # Not contiguous in the vocab dim (a transpose): only then are the logits copied.
-    cover = cover_of(tuple(logits.shape), logits.stride(),
-                     copy=cols > 1 and logits.stride(-1) != 1)
     ign = _NO_IGNORE if ignore_index is None else ignore_index
-    row_targets = to_rows(flat_targets, cover, ign)
-    row_active = to_rows(active, cover, False)
 
     tp, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
-    bounds, padded = _bounds(vocab_start, cols, tp, rank)
-    real = padded if real_vocab is None else check_int(real_vocab, "real_vocab", "positive")
+    bounds, padded, inferred = _bounds(vocab_start, cols, tp, rank)
+    real = _real_vocab(real_vocab, padded, cols, tp, inferred)
     if tile_width is not None:
         tile_width = check_int(tile_width, "tile_width", "positive")
+    if deterministic and tp > 1:
+        _check_tiles(bounds, tile_width, real, tp, cols, inferred)
     temperature = _temperature(temperature)
-    all_active = bool(row_active.all())
-    mask_key = None if all_active else row_active.numpy().tobytes()
-    base_key = (dtype, cover.rows, tp, rank, bounds, real, padded, temperature, tile_width,
-                deterministic, ign)
-    contract = cache.contract(
-        base_key + (mask_key,), row_active.numpy().view(np.uint8), ign,
-        lambda: ShardingSpec(tp_rank=rank, tp_world_size=tp, vocab_shard_bounds=list(bounds),
-                             real_vocab_size=real, padded_vocab_size=padded),
-        dtype, temperature, tile_width, _REDUCTIONS[deterministic])
-    dispatch = cache.op(base_key + (all_active, platform), contract, platform)
 
     p = _Prepared()
-    p.view = cover_view(logits, cover)
-    p.targets = row_targets.numpy()
-    p.contract, p.dispatch, p.cover, p.comm, p.cache = contract, dispatch, cover, comm, cache
+    p.logits, p.tokens = logits, (flat_targets, active, ign)
+    p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign)
+    p.make_sharding = lambda: ShardingSpec(tp_rank=rank, tp_world_size=tp,
+                                           vocab_shard_bounds=list(bounds),
+                                           real_vocab_size=real, padded_vocab_size=padded)
+    p.platform, p.comm, p.cache = platform, comm, cache
     p.threads = _threads(threads, logits)
     p.deterministic = deterministic
     p.dtype, p.device = logits.dtype, logits.device
+    if flat_targets.numel() == 0:  # an empty micro-batch: empty outputs, nothing to read
+        p.cover, p.contract = empty(lead_shape, cols), None
+        return p
+    # Not contiguous in the vocab dim (a transpose): only then are the logits copied.
+    cover = cover_of(tuple(logits.shape), logits.stride(),
+                     copy=cols > 1 and logits.stride(-1) != 1)
+    _bind(p, cover)
+    if cover.layout and tp > 1 and not isinstance(p.dispatch.op, LogprobOp):
+        _bind(p, in_token_order(cover))  # a Python-defined backend cannot compare layouts
     return p
+
+
+def _bind(p, cover):
+    """The rows of a call read through ``cover``: the contract (cached), dispatch, the view
+    and the per-row targets."""
+    flat_targets, active, ign = p.tokens
+    row_targets = to_rows(flat_targets, cover, ign)
+    row_active = to_rows(active, cover, False)
+    (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic,
+     ign) = p.key
+    all_active = bool(row_active.all())
+    active_bytes = row_active.numpy().view(np.uint8)
+    mask_key = None if all_active else mask_digest(active_bytes)
+    base_key = (cover.rows,) + p.key
+    contract = p.cache.contract(base_key + (mask_key,), active_bytes, ign, p.make_sharding,
+                                dtype, temperature, tile_width, _REDUCTIONS[deterministic])
+    p.dispatch = p.cache.op(base_key + (all_active, p.platform), contract, p.platform)
+    p.contract, p.cover = contract, cover
+    p.view = cover_view(p.logits, cover)
+    p.targets = row_targets.numpy()
 
 
 def _fail_peers(comm, error):
@@ -167,6 +272,13 @@ def _fail_peers(comm, error):
         _detlogp.fail_preflight(comm, f"{type(error).__name__}: {error}")
     except Exception:  # noqa: BLE001 - it always raises; the original error is what counts
         pass
+
+
+def _no_outputs(prep, entropy):
+    """The outputs of a call without tokens (after the peers agreed that none has any)."""
+    prep.no_tokens()
+    logp = torch.zeros(prep.cover.lead_shape, dtype=torch.float32, device=prep.device)
+    return (logp,) if not entropy else (logp, torch.zeros_like(logp))
 
 
 def _outputs(fwd, cover, entropy):
@@ -188,10 +300,15 @@ class _LogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, prep, entropy, entropy_grad):
-        fwd = prep.run(entropy, entropy_grad)
-        outputs = _outputs(fwd, prep.cover, entropy)
-        fwd.logp = fwd.lse = fwd.entropy = None  # ctx keeps what backward needs, not outputs
-        ctx.fwd, ctx.prep = fwd, prep
+        if prep.empty:
+            outputs = _no_outputs(prep, entropy)
+            ctx.fwd = None
+        else:
+            fwd = prep.run(entropy, entropy_grad)
+            outputs = _outputs(fwd, prep.cover, entropy)
+            fwd.logp = fwd.lse = fwd.entropy = None  # ctx keeps what backward needs
+            ctx.fwd = fwd
+        ctx.prep = prep
         ctx.save_for_backward(logits)  # keeps it alive; detects in-place changes
         ctx.set_materialize_grads(False)
         if entropy and not entropy_grad:
@@ -206,6 +323,9 @@ class _LogprobsFunction(torch.autograd.Function):
         if grad_logp is None and grad_entropy is None:
             return None, None, None, None
         c = prep.cover
+        if ctx.fwd is None:  # no tokens: an empty gradient
+            return torch.zeros(c.lead_shape + (c.cols,), dtype=prep.dtype,
+                               device=prep.device), None, None, None
         out = prep.cache.grad_buffer(c.rows, c.cols, prep.dtype, prep.device)
         ctx.fwd.backward(_row_grad(grad_logp, c), None, _row_grad(grad_entropy, c), out=out)
         grad = out.as_strided(c.lead_shape + (c.cols,), c.grad_strides)
@@ -237,7 +357,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
     """
     cache = DEFAULT_CACHE if cache is None else cache
-    comm = cache.communicator(group)
+    comm = cache.communicator(resolve_group(group, "vocab_parallel_logprobs"))
     try:
         check_bool(entropy, "entropy")
         check_bool(entropy_grad, "entropy_grad")
@@ -253,6 +373,8 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
         outputs = _LogprobsFunction.apply(logits, prep, entropy, entropy_grad)
         if not isinstance(outputs, tuple):
             outputs = (outputs,)
+    elif prep.empty:
+        outputs = _no_outputs(prep, entropy)
     else:
         outputs = _outputs(prep.run(entropy, entropy_grad), prep.cover, entropy)
     if return_contract:
@@ -263,35 +385,21 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
 # --- drop-ins ----------------------------------------------------------------------------
 
 
-def _megatron_tp_group():
-    """Megatron's tensor-parallel group when megatron.core is importable and initialized."""
-    try:
-        from megatron.core import parallel_state
-    except ImportError:
-        return None
-    try:
-        if parallel_state.model_parallel_is_initialized():
-            return parallel_state.get_tensor_model_parallel_group()
-    except Exception:  # noqa: BLE001 - an uninitialized Megatron: a single rank
-        return None
-    return None
-
-
 def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=0.0, *,
                                  group=None, real_vocab=None, ignore_index=-100, threads=None):
     """Megatron's ``tensor_parallel.vocab_parallel_cross_entropy``: per-token loss ``-logp``
     (fp32, the shape of ``target``) of ``vocab_parallel_logits`` [s, b, v/tp], deterministic.
 
     ``group``: the TP group (default: Megatron's tensor-model-parallel group when megatron is
-    initialized, else a single rank). Differences: ``label_smoothing`` must be 0; targets
-    equal to ``ignore_index`` get loss 0 (Megatron gives them a meaningless value).
+    initialized; the rule of ``vocab_parallel_logprobs``). Differences: ``label_smoothing``
+    must be 0; targets equal to ``ignore_index`` get loss 0 (Megatron gives them a
+    meaningless value).
     """
     if label_smoothing != 0.0:
         raise LogprobContractError(
             f"label_smoothing={label_smoothing} is not supported: detlogp computes the "
             "selected-token logprob only; pass label_smoothing=0.0")
-    if group is None:
-        group = _megatron_tp_group()
+    group = resolve_group(group, "vocab_parallel_cross_entropy")
     logp = vocab_parallel_logprobs(vocab_parallel_logits, target, group=group,
                                    real_vocab=real_vocab, ignore_index=ignore_index,
                                    threads=threads)
@@ -301,8 +409,7 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=
 def vocab_parallel_log_probs_from_logits(logits, labels, *, group=None, real_vocab=None,
                                          ignore_index=-100, threads=None):
     """verl's Megatron helper of the same name: ``-vocab_parallel_cross_entropy``."""
-    if group is None:
-        group = _megatron_tp_group()
+    group = resolve_group(group, "vocab_parallel_log_probs_from_logits")
     return vocab_parallel_logprobs(logits, labels, group=group, real_vocab=real_vocab,
                                    ignore_index=ignore_index, threads=threads)
 
@@ -316,5 +423,10 @@ def logprobs_from_logits(logits, labels, inplace_backward=True, *, real_vocab=No
     its gradient goes into a pooled buffer (docs/python.md).
     """
     check_bool(inplace_backward, "inplace_backward")
-    return vocab_parallel_logprobs(logits, labels, real_vocab=real_vocab,
+    return vocab_parallel_logprobs(logits, labels, group=_ONE_RANK, real_vocab=real_vocab,
                                    ignore_index=ignore_index, threads=threads)
+
+
+def __dir__():
+    """The public API only (``__all__``); the module's imports and helpers stay out of sight."""
+    return sorted(__all__)

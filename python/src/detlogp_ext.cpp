@@ -218,13 +218,11 @@ struct ForwardHandle {
   bool entropy = false;
 };
 
-std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op, uintptr_t ptr,
-                                           const std::string& dtype, int64_t rows, int64_t cols,
-                                           int64_t row_stride, py::object owner,
-                                           const I64Array& targets, const LogprobContract& contract,
-                                           const std::shared_ptr<Communicator>& comm,
-                                           bool deterministic, bool validate, bool entropy,
-                                           int threads, bool entropy_grad) {
+std::shared_ptr<ForwardHandle> run_forward(
+    const std::shared_ptr<LogprobOp>& op, uintptr_t ptr, const std::string& dtype, int64_t rows,
+    int64_t cols, int64_t row_stride, py::object owner, const I64Array& targets,
+    const LogprobContract& contract, const std::shared_ptr<Communicator>& comm, bool deterministic,
+    bool validate, bool entropy, int threads, bool entropy_grad, const std::string& rows_layout) {
   if (!op) throw ContractError("op must be a LogprobOp");
   detlogp::LogitsView view;
   try {
@@ -246,7 +244,8 @@ std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
                                     .validate = validate,
                                     .entropy = entropy,
                                     .entropy_grad = entropy_grad,
-                                    .exec = {.threads = threads}};
+                                    .exec = {.threads = threads},
+                                    .rows_layout = rows_layout};
   auto handle = std::make_shared<ForwardHandle>();
   handle->op = op;
   handle->logits_owner = std::move(owner);
@@ -616,6 +615,15 @@ PYBIND11_MODULE(_detlogp, m) {
         detlogp::fail_preflight(*comm, message);
       },
       py::arg("comm"), py::arg("message"));
+  // A rank with no tokens joins the others' preflight with zero rows (an empty micro-batch).
+  m.def(
+      "preflight_no_tokens",
+      [](const std::shared_ptr<Communicator>& comm) {
+        if (!comm) return;
+        py::gil_scoped_release nogil;
+        detlogp::preflight_no_tokens(*comm);
+      },
+      py::arg("comm"));
   py::class_<detlogp::SelfComm, Communicator, std::shared_ptr<detlogp::SelfComm>>(m, "SelfComm")
       .def(py::init<>());
   py::class_<PyCallbackComm, Communicator, std::shared_ptr<PyCallbackComm>>(m, "CallbackComm")
@@ -653,7 +661,7 @@ PYBIND11_MODULE(_detlogp, m) {
            py::arg("rows"), py::arg("cols"), py::arg("row_stride"), py::arg("owner"),
            py::arg("targets"), py::arg("contract"), py::arg("comm"), py::arg("deterministic"),
            py::arg("validate"), py::arg("entropy"), py::arg("threads"),
-           py::arg("entropy_grad") = true);
+           py::arg("entropy_grad") = true, py::arg("rows_layout") = "");
 
   m.def("in_process_forward", &in_process_forward, py::kw_only(), py::arg("op"), py::arg("dtype"),
         py::arg("shards"), py::arg("contracts"), py::arg("targets"), py::arg("deterministic"),

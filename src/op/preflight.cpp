@@ -30,6 +30,10 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
                                   strnlen(all[r].local_error.data(), all[r].local_error.size()))));
     }
   }
+  if (auto why = layout_disagreement(all)) {
+    throw ContractError(ErrorCode::ranks_disagree, "rows_layout",
+                        "cross-rank preflight failed: " + *why);
+  }
   if (auto why = first_disagreement(all)) {
     throw ContractError(ErrorCode::ranks_disagree, "", "cross-rank preflight failed: " + *why);
   }

@@ -23,7 +23,8 @@ struct PreflightFacts {
   bool entropy = false;     // decides the payload size of the next all-gather
   int64_t local_begin = 0;  // this rank's local tile range (deterministic) or columns
   int64_t local_end = 0;
-  int64_t rows = 0;  // logits rows passed by this rank
+  int64_t rows = 0;         // logits rows passed by this rank
+  std::string rows_layout;  // ForwardOptions::rows_layout: which token each row is
   // The contract and targets of this call (null/empty for a rank that only reports a local
   // error): the record carries each contract part and a digest of the active targets, so a
   // mismatch names what differs. Both must outlive run_preflight.
@@ -39,7 +40,8 @@ int64_t preflight_record_bytes();
 
 // Runs the all-gather and the comparison. Returns normally only when every rank agrees and no
 // rank failed locally; otherwise throws ContractError on every rank. The rank whose local
-// validation failed rethrows its own message.
+// validation failed rethrows its own message. Ranks whose rows layouts differ are reported
+// first, with field "rows_layout" (every other difference follows from it).
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
 
 }  // namespace detlogp::op

@@ -130,11 +130,29 @@ PreflightRecord encode_record(const PreflightFacts& f) {
   r.local_begin = f.local_begin;
   r.local_end = f.local_end;
   r.rows = f.rows;
+  put_text(r.rows_layout, f.rows_layout);
   r.deterministic = f.deterministic ? 1 : 0;
   r.entropy = f.entropy ? 1 : 0;
   r.local_ok = f.local_error ? 0 : 1;
   put_text(r.local_error, f.local_error.value_or(""));
   return r;
+}
+
+std::optional<std::string> layout_disagreement(std::span<const PreflightRecord> all) {
+  const auto show = [](const PreflightRecord& r) {
+    const std::string layout = get_text(r.rows_layout);
+    return layout.empty() ? std::string("(rows are the tokens in order)") : layout;
+  };
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r].rows_layout != all[0].rows_layout) {
+      return fmt::format(
+          "ranks disagree on the rows layout: rank 0 has rows layout {} but rank {} has rows "
+          "layout {}; row i must be the same token on every rank (the logits of the ranks are "
+          "laid out differently in memory: pass them in one layout, or contiguous)",
+          show(all[0]), r, show(all[r]));
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> first_disagreement(std::span<const PreflightRecord> all) {

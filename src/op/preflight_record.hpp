@@ -28,6 +28,7 @@ struct PreflightRecord {
   std::array<char, 48> numerics_version;
   std::array<std::array<char, kPartBytes>, kContractPartNames.size()> parts;
   std::array<char, 40> targets_digest;
+  std::array<char, 64> rows_layout;
   int64_t tile_width;
   int64_t local_begin;
   int64_t local_end;
@@ -49,6 +50,10 @@ std::array<std::string, kContractPartNames.size()> contract_parts(const LogprobC
 std::string targets_digest(std::span<const int64_t> targets, const std::vector<bool>& active);
 
 PreflightRecord encode_record(const PreflightFacts& facts);
+
+// The text after "cross-rank preflight failed: " when the ranks' rows layouts differ (their
+// row i is not the same token), else nullopt. Checked before first_disagreement.
+std::optional<std::string> layout_disagreement(std::span<const PreflightRecord> all);
 
 // The first disagreement between the records (all ranks' records, in rank order) as the
 // text after "cross-rank preflight failed: ", or nullopt when they agree. Every rank calls it

@@ -184,6 +184,13 @@ void fail_preflight(Communicator& comm, const std::string& message) {
   throw ContractError(message);
 }
 
+void preflight_no_tokens(Communicator& comm) {
+  if (comm.size() > 1) {
+    op::PreflightFacts facts;  // zero rows, no contract: agrees only with other empty ranks
+    op::run_preflight(comm, facts);
+  }
+}
+
 LogitsView saved_logits(const LogprobResult& result) {
   return result.saved ? result.saved->logits : LogitsView{};
 }
@@ -247,6 +254,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
       facts.local_end = sh.local_vocab_end();
     }
     facts.rows = rows;
+    facts.rows_layout = opt.rows_layout;
     facts.contract = &c;
     facts.targets = targets;
     facts.local_error = local_error;

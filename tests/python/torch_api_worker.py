@@ -29,8 +29,12 @@ def _data(dtype):
 def _groups(rank):
     import torch.distributed as dist
 
+    import detlogp
+
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
-    return {1: (None, 0), 2: (pairs[rank // 2], rank % 2), 4: (dist.group.WORLD, rank)}
+    # TP=1 under torch.distributed: each rank says it holds the whole vocabulary.
+    return {1: (detlogp.SelfComm(), 0), 2: (pairs[rank // 2], rank % 2),
+            4: (dist.group.WORLD, rank)}
 
 
 def _shard(tp, tp_rank):

@@ -1,6 +1,7 @@
-// The preflight names the part of the call that differs between ranks (row count, each
-// contract part, tile width, targets), with both ranks' values, on every rank; and the record
-// stays one fixed size whatever the call.
+// The preflight names the part of the call that differs between ranks (rows layout, row count,
+// each contract part, tile width, targets), with both ranks' values, on every rank; a rank
+// without tokens agrees only with ranks without tokens; and the record stays one fixed size
+// whatever the call.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -43,14 +44,14 @@ std::vector<std::string> messages(const std::function<void(Communicator&)>& body
   return errors;
 }
 
-// A forward whose contract options, row count and targets may differ per rank.
+// A forward whose contract options, row count, targets and rows layout may differ per rank.
 void forward(Communicator& comm, ContractOptions o, int64_t rows, std::vector<int64_t> tg,
-             Layout layout = kLayout) {
+             Layout layout = kLayout, const std::string& rows_layout = {}) {
   const FullLogits logits = make_logits(o.dtype, rows, kReal, kPadded, 7);
   tg.resize(static_cast<std::size_t>(rows));
   auto c = make_contract(layout, comm.rank(), rows, o);
   auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
-  op().forward(logits.shard(b.start, b.end), tg, c, comm);
+  op().forward(logits.shard(b.start, b.end), tg, c, comm, {.rows_layout = rows_layout});
 }
 
 void expect_named(const std::vector<std::string>& errors, const std::string& part,
@@ -150,6 +151,46 @@ TEST(PreflightRecord, TargetsDigestSeesValueAndPosition) {
   EXPECT_NE(d, op::targets_digest(swapped, all));
   EXPECT_NE(d, op::targets_digest(changed, all));
   EXPECT_NE(d, op::targets_digest(a, {true, true, true, false}));
+}
+
+TEST(PreflightRecord, RowsLayoutIsComparedFirstWithItsOwnField) {
+  // Rows that are different tokens on the two ranks make every other part differ too (or,
+  // worse, agree by chance): the layout is reported first, with a field a binding can act on.
+  std::vector<std::string> fields(2);
+  const auto errors = messages([&](Communicator& comm) {
+    try {
+      forward(comm, {}, comm.rank() == 0 ? kRows : kRows - 1, targets(), kLayout,
+              comm.rank() == 0 ? "shape [2, 3] rows 6 steps [1, 2]" : "");
+    } catch (const ContractError& e) {
+      fields[static_cast<std::size_t>(comm.rank())] = e.field();
+      EXPECT_EQ(e.code(), ErrorCode::ranks_disagree);
+      throw;
+    }
+  });
+  expect_named(errors, "rows layout", "shape [2, 3] rows 6 steps [1, 2]",
+               "(rows are the tokens in order)");
+  EXPECT_EQ(fields[0], "rows_layout");
+  EXPECT_EQ(fields[1], "rows_layout");
+  // The same layout on every rank agrees.
+  const auto same = messages([](Communicator& comm) {
+    forward(comm, {}, kRows, targets(), kLayout, "shape [2, 3] rows 6 steps [1, 2]");
+  });
+  EXPECT_EQ(same[0], "");
+  EXPECT_EQ(same[1], "");
+}
+
+TEST(PreflightRecord, NoTokensAgreesOnlyWithNoTokens) {
+  const auto empty = messages([](Communicator& comm) { preflight_no_tokens(comm); });
+  EXPECT_EQ(empty[0], "");
+  EXPECT_EQ(empty[1], "");
+  const auto errors = messages([](Communicator& comm) {
+    if (comm.rank() == 0) {
+      preflight_no_tokens(comm);
+    } else {
+      forward(comm, {}, kRows, targets());
+    }
+  });
+  expect_named(errors, "row count", "0", "6");
 }
 
 TEST(PreflightRecord, FixedSize) {

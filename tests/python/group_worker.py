@@ -1,0 +1,103 @@
+"""One rank of test_group_inference.py: torch.distributed (gloo) with two ranks, Megatron not
+installed. Records what each entry point does without ``group=`` (and with a non-group), what
+Megatron's TP group as the default gives, and what a rank that passed its group sees when its
+peer forgot ``group=``. Writes <out>/rank<r>.pt, then leaves at once (a collective that its
+peer never joined stays pending)."""
+
+import os
+import sys
+import time
+import traceback
+import types
+
+S, B, H, REAL, V, TP = 4, 2, 16, 1000, 1024, 2
+W = V // TP
+
+
+def _attempt(fn):
+    t0 = time.monotonic()
+    try:
+        value = fn()
+    except Exception as e:  # noqa: BLE001 - recorded for the parent's assertion
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
+    return {"value": value, "seconds": time.monotonic() - t0}
+
+
+def _scenarios(rank, lonely):
+    import torch
+    import torch.distributed as dist
+
+    import detlogp
+    import detlogp.torch as dt
+
+    out = {"megatron importable": _importable("megatron")}
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(S, B, V, generator=g) * 3
+    ids = torch.randint(0, REAL, (S, B), generator=g)
+    shard = full[..., rank * W:(rank + 1) * W]
+    hidden = torch.randn(S * B, H, generator=g)
+    weight = torch.randn(V, H, generator=g)[rank * W:(rank + 1) * W]
+
+    calls = {
+        "vocab_parallel_logprobs": lambda **kw: dt.vocab_parallel_logprobs(shard, ids, **kw),
+        "vocab_parallel_cross_entropy":
+            lambda **kw: dt.vocab_parallel_cross_entropy(shard, ids, **kw),
+        "vocab_parallel_log_probs_from_logits":
+            lambda **kw: dt.vocab_parallel_log_probs_from_logits(shard, ids, **kw),
+        "fused_linear_logprobs":
+            lambda **kw: detlogp.fused_linear_logprobs(hidden, weight, ids.reshape(-1), **kw)[0],
+    }
+    for name, call in calls.items():
+        out[f"{name} without group"] = _attempt(call)
+        out[f"{name} group=2"] = _attempt(lambda call=call: call(group=2))
+        out[f"{name} with group"] = _attempt(lambda call=call: call(group=dist.group.WORLD))
+    # The whole vocabulary on every rank: verl's logprobs_from_logits needs no group, and
+    # vocab_parallel_logprobs says so with group=detlogp.SelfComm().
+    out["logprobs_from_logits"] = _attempt(lambda: dt.logprobs_from_logits(full, ids))
+    out["self"] = _attempt(lambda: dt.vocab_parallel_logprobs(full, ids,
+                                                              group=detlogp.SelfComm()))
+    # Megatron's TP group as the default, when its parallel state is loaded and initialized.
+    fake = types.ModuleType("megatron.core.parallel_state")
+    fake.model_parallel_is_initialized = lambda: True
+    fake.get_tensor_model_parallel_group = lambda: dist.group.WORLD
+    sys.modules["megatron.core.parallel_state"] = fake
+    try:
+        out["megatron default"] = _attempt(lambda: dt.vocab_parallel_cross_entropy(shard, ids))
+    finally:
+        del sys.modules["megatron.core.parallel_state"]
+    dist.barrier()
+    # Rank 1 forgets group=; rank 0 passes its TP group (with a short collective timeout).
+    if rank == 1:
+        out["peer forgot group"] = _attempt(lambda: dt.vocab_parallel_logprobs(shard, ids))
+        time.sleep(8)  # alive, as a trainer would be, past its peer's timeout
+    else:
+        comm = detlogp.TorchDistributedComm(lonely, timeout=3)
+        out["peer forgot group"] = _attempt(
+            lambda: dt.vocab_parallel_logprobs(shard, ids, group=comm))
+    return out
+
+
+def _importable(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def main(rank, init_file, out_dir, tests_dir):
+    sys.path.insert(0, tests_dir)
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    result = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=TP, timeout=datetime.timedelta(seconds=60))
+        lonely = dist.new_group([0, 1])  # used only where one rank never joins
+        result = _scenarios(rank, lonely)
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        result["crash"] = traceback.format_exc()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    os._exit(0)  # the collective rank 1 never joined would keep the group's teardown waiting

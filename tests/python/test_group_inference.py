@@ -1,0 +1,101 @@
+"""Which group a call runs over, under torch.distributed with two ranks and no Megatron:
+every entry point without ``group=`` raises, naming ``group=`` and the fix, before any number
+exists and without a collective; a non-group says what ``group`` must be; Megatron's TP group
+is the default when its parallel state is initialized; a rank that passed its group while its
+peer forgot ``group=`` fails within its collective timeout, saying a rank did not arrive."""
+
+import os
+import pathlib
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from helpers import assert_bitwise
+
+HERE = pathlib.Path(__file__).parent
+TIMEOUT_S = 180
+ENTRIES = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy",
+           "vocab_parallel_log_probs_from_logits", "fused_linear_logprobs"]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    import group_worker
+
+    tmp = tmp_path_factory.mktemp("groups")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=group_worker.main,
+                         args=(r, str(tmp / "rendezvous"), str(tmp), str(HERE)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT_S)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
+    out = []
+    for r in range(2):
+        res = torch.load(tmp / f"rank{r}.pt")
+        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
+        out.append(res)
+    return out
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_no_group_under_torch_distributed_raises_before_any_number(ranks, entry):
+    for res in ranks:
+        assert not res["megatron importable"]
+        got = res[f"{entry} without group"]
+        assert "value" not in got, got  # no number at all, right or wrong
+        assert got["error"].startswith(f"LogprobContractError: {entry}: group= is missing: "
+                                       "torch.distributed is initialized with 2 ranks"), got
+        assert "Pass group=<the TP process group>" in got["error"]
+        assert "group=detlogp.SelfComm()" in got["error"]
+        assert got["seconds"] < 5  # raised here, no collective
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_non_group_says_what_group_must_be(ranks, entry):
+    for res in ranks:
+        got = res[f"{entry} group=2"]
+        assert got["error"].startswith(
+            f"LogprobContractError: {entry}: group must be a torch.distributed ProcessGroup "
+            "(the TP group), a detlogp.Communicator"), got
+        assert got["error"].endswith("got int 2")
+
+
+def test_with_the_group_every_entry_point_agrees_across_ranks(ranks):
+    for entry in ENTRIES:
+        values = [res[f"{entry} with group"]["value"] for res in ranks]
+        assert_bitwise(values[0], values[1], entry)
+    assert_bitwise(ranks[0]["vocab_parallel_cross_entropy with group"]["value"],
+                   -ranks[0]["vocab_parallel_logprobs with group"]["value"])
+
+
+def test_whole_vocabulary_on_every_rank_needs_no_tp_group(ranks):
+    for res in ranks:
+        assert_bitwise(res["logprobs_from_logits"]["value"], res["self"]["value"])
+        # TP=2 over the group gives the same bits as the whole vocabulary on one rank.
+        assert_bitwise(res["vocab_parallel_logprobs with group"]["value"], res["self"]["value"])
+
+
+def test_megatron_tp_group_is_the_default_when_initialized(ranks):
+    for res in ranks:
+        assert_bitwise(res["megatron default"]["value"],
+                       res["vocab_parallel_cross_entropy with group"]["value"])
+
+
+def test_a_rank_without_group_does_not_hang_its_peer(ranks):
+    forgot = ranks[1]["peer forgot group"]
+    assert forgot["error"].startswith("LogprobContractError: vocab_parallel_logprobs: group= "
+                                      "is missing"), forgot
+    assert forgot["seconds"] < 5
+    waited = ranks[0]["peer forgot group"]
+    assert waited["error"].startswith("RuntimeError: "), waited
+    assert "did not arrive" in waited["error"]
+    assert 2.5 <= waited["seconds"] < 60, waited
