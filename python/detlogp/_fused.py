@@ -170,7 +170,9 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
 
     ``hidden`` [tokens, H] and ``weight`` [local_vocab, H]: this rank's rows of the lm_head, in
     bf16, fp16 or fp32 (the same dtype; CPU tensors or NumPy arrays). ``group``: the TP process
-    group (torch.distributed) or a detlogp Communicator; None for one rank. Without
+    group (torch.distributed) or a detlogp Communicator; None: inferred as in
+    ``detlogp.torch`` (one rank, Megatron's TP group, or an error under torch.distributed with
+    more than one rank: docs/python.md, "Which group a call runs over"). Without
     ``contract``, the shards are taken as even (padded vocab = local_vocab x TP, rank r owning
     rows [r * local_vocab, (r + 1) * local_vocab)), ``real_vocab`` (default: the padded size)
     marks the padding rows, and tokens whose target is ``ignore_index`` are inactive. With

@@ -94,13 +94,13 @@ def _bounds(vocab_start, cols, tp, rank):
                     f"vocab_start={start} does not match equal shards of {cols} columns (rank "
                     f"{rank} starts at {rank * cols}); for unequal shards pass vocab_start as "
                     "the full table [(start, end), ...] of every rank")
-        return tuple((k * cols, (k + 1) * cols) for k in range(tp)), cols * tp, True
+        return tuple((k * cols, (k + 1) * cols) for k in range(tp)), cols * tp
     bounds = tuple((check_int(s, "vocab_start bound"), check_int(e, "vocab_start bound"))
                    for s, e in vocab_start)
     if len(bounds) != tp:
         raise LogprobContractError(
             f"vocab_start lists {len(bounds)} shards but the group has {tp} ranks")
-    return bounds, bounds[-1][1], False
+    return bounds, bounds[-1][1]
 
 
 def _real_vocab(real_vocab, padded, cols, tp, inferred):
@@ -211,7 +211,8 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     ign = _NO_IGNORE if ignore_index is None else ignore_index
 
     tp, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
-    bounds, padded, inferred = _bounds(vocab_start, cols, tp, rank)
+    bounds, padded = _bounds(vocab_start, cols, tp, rank)
+    inferred = not isinstance(vocab_start, (list, tuple))  # equal shards of the local width
     real = _real_vocab(real_vocab, padded, cols, tp, inferred)
     if tile_width is not None:
         tile_width = check_int(tile_width, "tile_width", "positive")
@@ -343,8 +344,11 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     ``logits``: this rank's shard [..., local_vocab] (bf16, fp16 or fp32; CPU or CUDA), any
     leading dims, any view whose rows are a fixed stride apart (a column slice, the causal
     shift ``logits[:, :-1]``, Megatron's [seq, batch, v/tp]): read in place, never copied.
-    ``targets``: integers with the leading shape. ``group``: the TP process group (None: one
-    rank holding the whole vocabulary). ``real_vocab``: the real vocabulary size (default: all
+    ``targets``: integers with the leading shape. ``group``: the TP process group or a
+    Communicator (``detlogp.SelfComm()``: one rank holding the whole vocabulary); None:
+    inferred (Megatron's TP group, or one rank; raises under torch.distributed with more than
+    one rank: docs/python.md, "Which group a call runs over"). Ranks may hold their logits in
+    different layouts. Logits without tokens give empty outputs. ``real_vocab``: the real vocabulary size (default: all
     ``local_vocab * tp`` columns; columns at or beyond it are padding and never count).
     ``loss_mask`` (bool/int/float, the leading shape; nonzero = scored) and ``ignore_index``
     (targets equal to it are not scored; None: no such rule) give the mask: unscored tokens

@@ -265,8 +265,7 @@ def test_input_errors():
         dt.vocab_parallel_logprobs(x, ids, loss_mask=torch.ones(3, 6))
     with pytest.raises(detlogp.LogprobContractError, match="device type 'meta'"):
         dt.vocab_parallel_logprobs(torch.empty(3, 7, V, device="meta"), ids)
-    with pytest.raises(detlogp.LogprobContractError, match="no tokens"):
-        dt.vocab_parallel_logprobs(x[:0], ids[:0])
+    assert dt.vocab_parallel_logprobs(x[:0], ids[:0]).shape == (0, 7)  # empty, as torch
 
 
 def test_transport_device_selection(monkeypatch):
