@@ -51,7 +51,10 @@ class _Prepared:
 
     def _forward(self, entropy, entropy_grad):
         # entropy_grad=False: the operator keeps no entropy for backward (a constant).
-        kwargs = {"rows_layout": self.cover.layout} if self.cover.layout else {}
+        # The rows layout matters to the preflight only (TP > 1); a Python-defined backend
+        # never gets one (its rows are read in token order: _prepare).
+        tp = self.comm is not None and self.comm.size > 1
+        kwargs = {"rows_layout": self.cover.layout} if self.cover.layout and tp else {}
         return self.dispatch.op.forward(self.view, self.targets, contract=self.contract,
                                         group=self.comm, deterministic=self.deterministic,
                                         entropy=entropy, threads=self.threads,
@@ -348,8 +351,9 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     Communicator (``detlogp.SelfComm()``: one rank holding the whole vocabulary); None:
     inferred (Megatron's TP group, or one rank; raises under torch.distributed with more than
     one rank: docs/python.md, "Which group a call runs over"). Ranks may hold their logits in
-    different layouts. Logits without tokens give empty outputs. ``real_vocab``: the real vocabulary size (default: all
-    ``local_vocab * tp`` columns; columns at or beyond it are padding and never count).
+    different layouts; logits without tokens give empty outputs. ``real_vocab``: the real
+    vocabulary size (default: all ``local_vocab * tp`` columns; columns at or beyond it are
+    padding and never count).
     ``loss_mask`` (bool/int/float, the leading shape; nonzero = scored) and ``ignore_index``
     (targets equal to it are not scored; None: no such rule) give the mask: unscored tokens
     get logp exactly +0.0. ``vocab_start``: this rank's first column (checked against equal
