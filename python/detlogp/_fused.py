@@ -183,7 +183,7 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     Without tokens (``hidden`` [0, H]) the outputs are empty and ``weight.grad`` is zero; at
     TP > 1 every rank must then have none (checked by the preflight).
     """
-    group = resolve_group(group, "fused_linear_logprobs")
+    group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
     try:
         check_bool(entropy, "entropy")
         check_bool(validate, "validate")

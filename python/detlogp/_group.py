@@ -53,9 +53,13 @@ def _is_process_group(group):
     return pg is not None and isinstance(group, pg)
 
 
-def resolve_group(group, entry):
+def resolve_group(group, entry, infer=True):
     """The TP group of a call to ``entry`` (the function's name, for messages): a ProcessGroup,
-    a Communicator, or None for one rank. Raises LogprobContractError as described above."""
+    a Communicator, or None for one rank. Raises LogprobContractError as described above.
+    ``infer=False``: the call says its TP size itself (an explicit contract), so None stays
+    None (the contract's checks then ask for a group where it needs one)."""
+    if group is None and not infer:
+        return None
     if group is None:
         group = megatron_tp_group()
         if group is not None:

@@ -36,7 +36,8 @@ def _scenarios(rank, lonely):
     ids = torch.randint(0, REAL, (S, B), generator=g)
     shard = full[..., rank * W:(rank + 1) * W]
     hidden = torch.randn(S * B, H, generator=g)
-    weight = torch.randn(V, H, generator=g)[rank * W:(rank + 1) * W]
+    full_weight = torch.randn(V, H, generator=g)
+    weight = full_weight[rank * W:(rank + 1) * W]
 
     calls = {
         "vocab_parallel_logprobs": lambda **kw: dt.vocab_parallel_logprobs(shard, ids, **kw),
@@ -56,6 +57,15 @@ def _scenarios(rank, lonely):
     out["logprobs_from_logits"] = _attempt(lambda: dt.logprobs_from_logits(full, ids))
     out["self"] = _attempt(lambda: dt.vocab_parallel_logprobs(full, ids,
                                                               group=detlogp.SelfComm()))
+    # An explicit contract says its TP size itself: no group to infer.
+    one_rank = detlogp.LogprobContract(
+        role="train", dtype="fp32", mask=detlogp.MaskSpec.all_active(S * B),
+        sharding=detlogp.ShardingSpec(tp_rank=0, tp_world_size=1, vocab_shard_bounds=[(0, V)],
+                                      real_vocab_size=V, padded_vocab_size=V))
+    out["fused contract"] = _attempt(lambda: detlogp.fused_linear_logprobs(
+        hidden, full_weight, ids.reshape(-1), contract=one_rank)[0])
+    out["fused self"] = _attempt(lambda: detlogp.fused_linear_logprobs(
+        hidden, full_weight, ids.reshape(-1), group=detlogp.SelfComm())[0])
     # Megatron's TP group as the default, when its parallel state is loaded and initialized.
     fake = types.ModuleType("megatron.core.parallel_state")
     fake.model_parallel_is_initialized = lambda: True

@@ -84,6 +84,13 @@ def test_whole_vocabulary_on_every_rank_needs_no_tp_group(ranks):
         assert_bitwise(res["vocab_parallel_logprobs with group"]["value"], res["self"]["value"])
 
 
+def test_an_explicit_contract_needs_no_group(ranks):
+    for res in ranks:
+        assert_bitwise(res["fused contract"]["value"], res["fused self"]["value"])
+        assert_bitwise(res["fused self"]["value"],
+                       res["fused_linear_logprobs with group"]["value"])  # TP=2 = TP=1
+
+
 def test_megatron_tp_group_is_the_default_when_initialized(ranks):
     for res in ranks:
         assert_bitwise(res["megatron default"]["value"],
