@@ -45,8 +45,6 @@ def _spy():
 
 def _run(leaf_of, view_of, targets, mask, group, w1, w2):
     """logp, entropy and this rank's gradient in logical [b, s, v/tp] order, or the error."""
-    import torch
-
     import detlogp.torch as dt
 
     leaf = leaf_of().requires_grad_()

@@ -4,7 +4,6 @@ exists and without a collective; a non-group says what ``group`` must be; Megatr
 is the default when its parallel state is initialized; a rank that passed its group while its
 peer forgot ``group=`` fails within its collective timeout, saying a rank did not arrive."""
 
-import os
 import pathlib
 
 import pytest
