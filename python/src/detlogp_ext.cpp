@@ -703,4 +703,5 @@ PYBIND11_MODULE(_detlogp, m) {
   detlogp_python::bind_drift(m);
   detlogp_python::bind_validation(m);
   detlogp_python::bind_fused(m);
+  detlogp_python::bind_memory(m);
 }

@@ -14,5 +14,7 @@ void bind_drift(pybind11::module_& m);
 void bind_validation(pybind11::module_& m);
 // The fused lm_head of include/detlogp/fused.hpp (fused_bindings.cpp).
 void bind_fused(pybind11::module_& m);
+// The command line's memory rule, for up-front checks (memory_bindings.cpp).
+void bind_memory(pybind11::module_& m);
 
 }  // namespace detlogp_python

@@ -124,7 +124,7 @@ AvailableMemory available_memory() {
   return best;
 }
 
-std::uint64_t checked_product(std::initializer_list<std::uint64_t> factors, std::string_view what) {
+std::uint64_t checked_product(std::span<const std::uint64_t> factors, std::string_view what) {
   std::uint64_t out = 1;
   for (const std::uint64_t f : factors) {
     if (__builtin_mul_overflow(out, f, &out)) {
@@ -134,6 +134,10 @@ std::uint64_t checked_product(std::initializer_list<std::uint64_t> factors, std:
     }
   }
   return out;
+}
+
+std::uint64_t checked_product(std::initializer_list<std::uint64_t> factors, std::string_view what) {
+  return checked_product(std::span<const std::uint64_t>(factors.begin(), factors.size()), what);
 }
 
 std::string format_bytes(std::uint64_t bytes) {

@@ -8,10 +8,14 @@
 //
 // Testing hook: DETLOGP_TESTING_MEMORY_LIMIT=<bytes> replaces all of that with <bytes> (so that
 // tests can check the refusals without a writable cgroup).
+//
+// Its own library (detlogp_memory), so that the Python extension applies the same rule to the
+// drift report's up-front check (python/src/memory_bindings.cpp).
 
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +37,7 @@ void require_memory(std::uint64_t needed, std::string_view what, std::string_vie
 // The product of `factors` (sizes, counts, an item size), or ContractError "<what> overflows
 // 64-bit sizes" naming the factors.
 std::uint64_t checked_product(std::initializer_list<std::uint64_t> factors, std::string_view what);
+std::uint64_t checked_product(std::span<const std::uint64_t> factors, std::string_view what);
 
 // "12.3 GB" (decimal units) of a byte count.
 std::string format_bytes(std::uint64_t bytes);
