@@ -20,6 +20,7 @@ import numpy as np
 from . import _detlogp
 from ._detlogp import LogprobContractError
 from ._enums import DType, coerce_enum
+from ._mask import active_from_mask
 
 __all__ = ["drift", "drift_thresholds"]
 
@@ -51,15 +52,8 @@ def _values(x, name):
 def _mask(m, tokens):
     if m is None:
         return None
-    if _is_tensor(m):
-        m = m.detach().cpu().numpy()
-    a = np.asarray(m)
-    if a.dtype.kind not in "biu":
-        raise LogprobContractError(f"mask must hold booleans (nonzero = active); got {a.dtype}")
-    if a.ndim != 1 or a.shape[0] != tokens:
-        raise LogprobContractError(
-            f"mask must be 1-D with one entry per token ({tokens}); got shape {a.shape}")
-    return np.ascontiguousarray(a != 0, dtype=np.uint8)
+    active = active_from_mask(m, (tokens,), "mask", f"one entry per token, shape ({tokens},)")
+    return active.view(np.uint8)
 
 
 def _dtype_name(dtype):
@@ -84,9 +78,11 @@ def _is_tensor_dtype(dtype):
 def drift(candidate_logp, reference_logp, mask=None, dtype="bf16"):
     """Drift statistics of ``candidate_logp`` against ``reference_logp`` (1-D, one value per
     token; torch tensors on any device, NumPy arrays or lists), over the tokens where ``mask``
-    is true (None: every token). ``dtype`` ("bf16", "fp16", "fp32", a DType or a torch dtype:
-    the dtype of the logits behind the candidate) picks the tolerances of the verdict. Returns
-    a dict (see the module docstring); never raises because of drift, only for bad input."""
+    is nonzero (None: every token; bool, int or float, like ``detlogp.torch``'s ``loss_mask``:
+    verl's float ``response_mask`` as is). ``dtype`` ("bf16", "fp16", "fp32", a DType or a
+    torch dtype: the dtype of the logits behind the candidate) picks the tolerances of the
+    verdict. Returns a dict (see the module docstring); never raises because of drift, only for
+    bad input."""
     cand = _values(candidate_logp, "candidate_logp")
     ref = _values(reference_logp, "reference_logp")
     if ref.shape != cand.shape:

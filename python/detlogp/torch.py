@@ -25,6 +25,7 @@ from detlogp._detlogp import LogprobContractError
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._group import resolve_group
 from detlogp._layout import cover_of, cover_view, empty, from_rows, in_token_order, to_rows
+from detlogp._mask import active_from_mask
 from detlogp._op import (LogprobOp, _platform_of, _threads, is_layout_disagreement,
                          rejoin_on_layout)
 
@@ -179,14 +180,8 @@ def _active(flat_targets, loss_mask, ignore_index, lead_shape):
     if ignore_index is not None:
         active = flat_targets != check_int(ignore_index, "ignore_index")
     if loss_mask is not None:
-        if not isinstance(loss_mask, torch.Tensor):
-            loss_mask = torch.as_tensor(np.asarray(loss_mask))
-        if tuple(loss_mask.shape) != lead_shape:
-            raise LogprobContractError(
-                f"loss_mask must have the targets' shape {lead_shape}; got "
-                f"{tuple(loss_mask.shape)}")
-        lm = loss_mask.detach().reshape(-1).cpu()
-        lm = lm if lm.dtype == torch.bool else lm != 0
+        lm = torch.from_numpy(active_from_mask(loss_mask, lead_shape, "loss_mask",
+                                               f"the targets' shape {lead_shape}"))
         active = lm if active is None else active & lm
     if active is None:
         active = torch.ones(flat_targets.shape, dtype=torch.bool)
