@@ -37,6 +37,8 @@ import sys
 import numpy as np
 
 from . import _detlogp
+from ._atomic_file import AtomicOutputFile
+from ._checks import check_int
 from ._contract import LogprobContract, MaskSpec, ShardingSpec, even_tile_aligned_bounds
 from ._detlogp import LogprobContractError
 from ._drift import drift
@@ -51,12 +53,13 @@ PLANNED_TOPOLOGIES = tuple((tp, cp) for tp in (1, 2, 4) for cp in (1, 2))
 PERTURB_ENV = "DETLOGP_DRIFT_REPORT_PERTURB"
 _POLICIES = ("production", "reference")
 _PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+_PEER_GRACE_S = 5.0  # spawn_local: how long the other ranks may take to fail on their own
 
 
 def _positive(value, field):
     if type(value) is not int or value <= 0:
         raise LogprobContractError(f"{field} must be a positive integer; got {value!r}")
-    return value
+    return check_int(value, field, "positive")  # and it fits in 64 bits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,19 +189,83 @@ def plan(template, output_dir, topologies=PLANNED_TOPOLOGIES):
 # --- inputs and oracle ---------------------------------------------------------------------------
 
 
+def _active(case, start, end):
+    """The active mask of tokens [start, end): every position but the first prompt_tokens of
+    each sequence is scored."""
+    import torch
+
+    return torch.arange(start, end) % case.seq >= case.prompt_tokens
+
+
 def _inputs(case):
-    """fp32 logits [tokens, padded] (padding columns hold junk), targets and the active mask:
-    every position but the first prompt_tokens of each sequence is scored."""
+    """fp32 logits [tokens, padded] (padding columns hold junk), targets and the active mask."""
     import torch
 
     g = torch.Generator().manual_seed(case.batch_key)
     logits = torch.randn(case.tokens, case.padded_vocab, generator=g) * case.logit_scale
     logits[:, case.real_vocab:] = 1e4  # must never leak into a result
     targets = torch.randint(0, case.real_vocab, (case.tokens,), generator=g)
-    pos = torch.arange(case.tokens) % case.seq
-    active = pos >= case.prompt_tokens
+    active = _active(case, 0, case.tokens)
     targets[~active] = case.ignore_index
     return logits, targets, active
+
+
+def _memory_needed(case, rank):
+    """Bytes global rank ``rank`` holds at its peak (sizes overflowing 64 bits are refused):
+    the regenerated fp32 logits [tokens, padded] (twice while they are scaled), its shard and
+    the shard cast to the case dtype, and the float64 oracle over the real vocabulary (the
+    upcast rows, their shifted copy and its exponential); rank 0 then recomputes the oracle
+    over the whole batch for the aggregate."""
+    tp_rank, cp_rank, _ = rank_layout(case.tp, case.cp, rank)
+    t0, t1 = token_bounds(case.tokens, case.cp)[cp_rank]
+    v0, v1 = case.vocab_bounds()[tp_rank]
+    esz = {"bf16": 2, "fp16": 2, "fp32": 4}[case.dtype]
+    product = _detlogp.checked_product
+    logits = product([case.tokens, case.padded_vocab, 4], "the logits (--batch x --seq x "
+                     "--padded-vocab)")
+    shard = product([t1 - t0, v1 - v0, 4 + esz], "this rank's logits shard")
+    oracle = product([3, t1 - t0, case.real_vocab, 8], "the float64 oracle (tokens x "
+                     "--real-vocab)")
+    need = logits + max(logits, shard + oracle)
+    if rank == 0:
+        whole = product([3, case.tokens, case.real_vocab, 8], "the float64 oracle of the batch "
+                        "(--batch x --seq x --real-vocab)")
+        need = max(need, logits + max(logits, whole))
+    return need
+
+
+def _local_ranks(rank, world):
+    """The global ranks that share this machine: the launcher's block of LOCAL_WORLD_SIZE
+    (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE (mpirun) ranks around this one; the whole world
+    when it says nothing."""
+    for rank_var, size_var in (("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+                               ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")):
+        try:
+            local_rank, local_size = int(os.environ[rank_var]), int(os.environ[size_var])
+        except (KeyError, ValueError):
+            continue
+        first = rank - local_rank
+        if 0 <= local_rank < local_size and first >= 0 and first + local_size <= world:
+            return range(first, first + local_size)
+    return range(world)
+
+
+def _check_memory(case, rank, world):
+    """The command line's memory rule (src/io/memory.cpp): every rank on this machine at its
+    peak must fit in what this process may still allocate."""
+    local = _local_ranks(rank, world)
+    needed = sum(_memory_needed(case, r) for r in local)
+    if needed >= 1 << 64:
+        raise LogprobContractError(f"the memory of the {len(local)} ranks on this machine "
+                                   f"overflows 64-bit sizes ({needed} bytes)")
+    _detlogp.require_memory(
+        needed,
+        f"the drift report at TP {case.tp} x CP {case.cp} ({len(local)} rank"
+        f"{'s' if len(local) != 1 else ''} on this machine) of --batch {case.batch} x --seq "
+        f"{case.seq} tokens x --padded-vocab {case.padded_vocab} (--real-vocab "
+        f"{case.real_vocab})",
+        "use fewer tokens (--batch, --seq) or a smaller vocabulary (--real-vocab, "
+        "--padded-vocab)")
 
 
 def _oracle(logits_rows, targets, active, real_vocab):
@@ -249,8 +316,34 @@ def _perturbation(perturb):
 # --- one rank --------------------------------------------------------------------------------------
 
 
-def _score_rank(case, rank, tp_group, perturb):
-    """This rank's scores, checks and report (everything but the cross-rank aggregate)."""
+def _dispatch(case, rank):
+    """This rank's contract and its dispatch (a strict one, like a trainer's)."""
+    tp_rank, cp_rank, _ = rank_layout(case.tp, case.cp, rank)
+    t0, t1 = token_bounds(case.tokens, case.cp)[cp_rank]
+    c = LogprobContract(
+        role="train", dtype=case.dtype,
+        mask=MaskSpec(t1 - t0, _active(case, t0, t1).tolist(), ignore_index=case.ignore_index),
+        sharding=ShardingSpec(tp_rank=tp_rank, tp_world_size=case.tp,
+                              vocab_shard_bounds=case.vocab_bounds(),
+                              real_vocab_size=case.real_vocab,
+                              padded_vocab_size=case.padded_vocab, cp_rank=cp_rank,
+                              cp_world_size=case.cp),
+        num_vocab_tiles=case.num_vocab_tiles)
+    d = Registry.with_builtin_backends().get_logprob_op(c, case.backend)
+    # Strict, like a trainer's: no fallback, and the backend asked for by id is the one that runs
+    # (every rank dispatches the same contract the same way, so every rank raises together).
+    if d.fallback:
+        raise RuntimeError(f"dispatch fell back to {d.actual_backend}: "
+                           f"{' | '.join(d.prior_rejections)}")
+    if case.backend.strip().lower() not in _POLICIES and d.actual_backend != case.backend.strip():
+        raise RuntimeError(f"dispatch returned {d.actual_backend}, not the requested "
+                           f"{case.backend}")
+    return c, d
+
+
+def _score_rank(case, rank, tp_group, perturb, c, d):
+    """This rank's scores, checks and report (everything but the cross-rank aggregate), with
+    its contract ``c`` and dispatch ``d``."""
     import torch
     import torch.distributed as dist
 
@@ -268,24 +361,6 @@ def _score_rank(case, rank, tp_group, perturb):
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     fed = local.to(torch_dtype[case.dtype]).contiguous()
     tg, act = targets[t0:t1], active[t0:t1]
-
-    c = LogprobContract(
-        role="train", dtype=case.dtype,
-        mask=MaskSpec(t1 - t0, act.tolist(), ignore_index=case.ignore_index),
-        sharding=ShardingSpec(tp_rank=tp_rank, tp_world_size=case.tp, vocab_shard_bounds=bounds,
-                              real_vocab_size=case.real_vocab,
-                              padded_vocab_size=case.padded_vocab, cp_rank=cp_rank,
-                              cp_world_size=case.cp),
-        num_vocab_tiles=case.num_vocab_tiles)
-    d = Registry.with_builtin_backends().get_logprob_op(c, case.backend)
-    # Strict, like a trainer's: no fallback, and the backend asked for by id is the one that runs
-    # (every rank dispatches the same contract the same way, so every rank raises together).
-    if d.fallback:
-        raise RuntimeError(f"rank {rank}: dispatch fell back to {d.actual_backend}: "
-                           f"{' | '.join(d.prior_rejections)}")
-    if case.backend.strip().lower() not in _POLICIES and d.actual_backend != case.backend.strip():
-        raise RuntimeError(f"rank {rank}: dispatch returned {d.actual_backend}, not the "
-                           f"requested {case.backend}")
     logp, lse = d.op(fed, tg, contract=c, group=tp_group if case.tp > 1 else None,
                      validate=True)
 
@@ -389,17 +464,18 @@ def _aggregate(case, reports, payloads, output):
     }
 
 
-def _write_json(obj, path):
-    """Indent 2, sorted keys, NaN and infinities refused, trailing newline; written to a
-    temporary file and renamed, so a failure never leaves a partial report."""
+def _write_json(obj, path, out=None):
+    """Indent 2, sorted keys, NaN and infinities refused, trailing newline; to stdout (path
+    None) or atomically (_atomic_file: a temporary file no one can plant a link at, fsync,
+    rename), through ``out`` when the output was opened up front, so a failure never leaves a
+    partial report."""
     text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
     if path is None:
         sys.stdout.write(text)
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    with out if out is not None else AtomicOutputFile(path) as f:
+        f.write(text.encode())
+        f.commit()
 
 
 def _world_from_env():
@@ -412,42 +488,113 @@ def _world_from_env():
     return None
 
 
+def _agreed_options(case, perturb):
+    """The options every rank must share, as "--name value" items (one per option)."""
+    items = [f"--{f.name.replace('_', '-')} {getattr(case, f.name)}"
+             for f in dataclasses.fields(case)]
+    items.append("--perturb-rank (none)" if perturb is None else
+                 f"--perturb-rank {perturb[0]} --perturb-delta {perturb[1]!r}")
+    return items
+
+
+def _preflight(case, rank, world, output):
+    """Everything this rank can check before the computation: the memory its machine needs,
+    the dispatch of its contract and, on global rank 0, the output file (created now, so an
+    output that cannot be written is refused before any work). Returns (contract, dispatch,
+    output file or None)."""
+    _check_memory(case, rank, world)
+    c, d = _dispatch(case, rank)
+    out = AtomicOutputFile(output) if rank == 0 and output is not None else None
+    return c, d, out
+
+
+def _agree(case, rank, world, perturb, output):
+    """Every rank runs its preflight, then all of them exchange their verdicts and options in
+    one small all-gather, before any other group or collective: either every rank goes on, or
+    every rank raises the same error -- two ranks' first differing option ("rank 0 has --tp 2
+    but rank 1 has --tp 1"), else the first failing rank's error. Returns the preflight's
+    result."""
+    import torch.distributed as dist
+
+    mine, result = None, None
+    try:
+        result = _preflight(case, rank, world, output)
+    except Exception as e:  # every failure must reach the peers, whatever its type
+        kind = "contract" if isinstance(e, LogprobContractError) else "runtime"
+        text = str(e) if isinstance(e, (LogprobContractError, RuntimeError)) else \
+            f"{type(e).__name__}: {e}"
+        mine = (kind, text)
+    records = [None] * world
+    dist.all_gather_object(records, (_agreed_options(case, perturb), mine))
+    try:
+        first = records[0][0]
+        for r in range(1, world):
+            for a, b in zip(first, records[r][0]):
+                if a != b:
+                    raise LogprobContractError(
+                        f"the ranks disagree on their options: rank 0 has {a} but rank {r} has "
+                        f"{b}; launch every rank with the same options")
+        for r, (_, failure) in enumerate(records):
+            if failure is not None:
+                kind, text = failure
+                text = text if r == 0 else f"rank {r}: {text}"
+                raise (LogprobContractError if kind == "contract" else RuntimeError)(text)
+    except BaseException:
+        if result is not None and result[2] is not None:
+            result[2].discard()
+        raise
+    return result
+
+
 def run_topology(case, output=None, init_method="env://", perturb=None):
     """Runs one topology on this process's rank (under torchrun or mpirun); global rank 0
-    writes the report. Returns the report's ``passed`` on every rank."""
+    writes the report. Returns the report's ``passed`` on every rank.
+
+    Raises LogprobContractError for a bad case or options that differ between ranks, and
+    RuntimeError for the environment (a world size that is not TP*CP, memory that does not
+    suffice, an output that cannot be written, a failed process group), on every rank alike
+    once the process group exists."""
     import torch.distributed as dist
 
     env = _world_from_env()
     rank, world = env if env is not None else (0, 1)
     # Checked before any process group exists: a wrong launch never reaches a collective.
     if world != case.world_size:
-        raise LogprobContractError(
+        raise RuntimeError(
             f"WORLD_SIZE={world} does not match TP*CP={case.tp}*{case.cp}={case.world_size}; "
-            f"launch {case.world_size} processes")
+            f"launch {case.world_size} processes (or pass the --tp and --cp of this launch)")
+    if dist.is_initialized():
+        raise RuntimeError("a default process group already exists in this process; the drift "
+                           "report creates and destroys its own: run it in a process of its own")
     perturb = _perturbation(perturb)
     if perturb is not None and not 0 <= perturb[0] < world:
         raise LogprobContractError(f"perturb rank {perturb[0]} is outside [0, {world})")
     if init_method == "env://":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-    created = False
+    out = None
     try:
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                                 timeout=_PROCESS_GROUP_TIMEOUT)
-        created = True
+        c, d, out = _agree(case, rank, world, perturb, output)
         # Every rank creates every TP group, in the same order (torch.distributed requires it).
         groups = [dist.new_group(list(rank_layout(case.tp, case.cp, cp * case.tp)[2]))
                   for cp in range(case.cp)] if case.tp > 1 else [None] * case.cp
         _, cp_rank, _ = rank_layout(case.tp, case.cp, rank)
-        report, payload = _score_rank(case, rank, groups[cp_rank], perturb)
+        report, payload = _score_rank(case, rank, groups[cp_rank], perturb, c, d)
         gathered = [None] * world
         dist.all_gather_object(gathered, (report, payload))
         full = _aggregate(case, [g[0] for g in gathered], [g[1] for g in gathered], output)
         if rank == 0:
-            _write_json(full, output)
+            _write_json(full, output, out)
         return full["passed"]
     finally:
-        if created:
+        if out is not None:
+            out.discard()
+        # Whatever exists now is the report's own (one that existed before was refused above),
+        # also when init_process_group failed after making the default group (its closing
+        # barrier): destroyed on every path.
+        if dist.is_initialized():
             dist.destroy_process_group()
 
 
@@ -473,32 +620,50 @@ def _package_env(extra=None):
 
 def spawn_local(case, output, perturb=None, timeout_s=600):
     """Runs one topology as case.world_size local processes with the environment torchrun
-    gives its workers (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Returns
-    (exit code: the worst rank's, [each rank's stderr])."""
+    gives its workers (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT). Like torchrun, it stops the other ranks when one ends with an error (exit
+    status 2 or a signal; they get a few seconds to end on their own first, as ranks that
+    fail together do). Returns (exit code: the worst rank's, not counting the ranks it stopped,
+    [each rank's stderr])."""
+    import tempfile
+    import time
+
     port = _free_port()
     argv = [sys.executable, "-m", "detlogp.drift_report"] + _case_args(case) + [
         "--output", str(output)]
     if perturb is not None:
         argv += ["--perturb-rank", str(perturb[0]), "--perturb-delta", repr(perturb[1])]
-    procs = []
+    procs, logs = [], []
     for r in range(case.world_size):
         env = _package_env({"RANK": str(r), "LOCAL_RANK": str(r),
                             "WORLD_SIZE": str(case.world_size), "LOCAL_WORLD_SIZE":
                             str(case.world_size), "MASTER_ADDR": "127.0.0.1",
                             "MASTER_PORT": str(port)})
+        logs.append(tempfile.TemporaryFile(mode="w+"))
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
-    errs, codes = [], []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            _, err = p.communicate()
-            err += f"\ntimed out after {timeout_s} s"
-        errs.append(err)
-        codes.append(p.returncode)
+                                      stderr=logs[-1], text=True))
+    deadline = time.monotonic() + timeout_s
+    failed_at, notes = None, [""] * len(procs)
+    while [p.poll() for p in procs].count(None):  # polls every rank
+        now = time.monotonic()
+        if failed_at is None and any(p.returncode not in (None, 0, 1) for p in procs):
+            failed_at = now
+        if now > deadline or (failed_at is not None and now > failed_at + _PEER_GRACE_S):
+            for i, p in enumerate(procs):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                    notes[i] = (f"\ntimed out after {timeout_s} s" if now > deadline else
+                                "\nstopped by the launcher: another rank failed")
+            break
+        time.sleep(0.05)
+    errs = []
+    for log, note in zip(logs, notes):
+        log.seek(0)
+        errs.append(log.read() + note)
+        log.close()
+    # A rank the launcher stopped says nothing of its own: the failing rank's code counts.
+    codes = [p.returncode for p, note in zip(procs, notes) if "stopped" not in note]
     return max(codes, key=lambda c: (c != 0, abs(c))), errs
 
 
@@ -509,7 +674,20 @@ def launch(template, output_dir, topologies=PLANNED_TOPOLOGIES, launcher="local"
 
     ``launcher``: "local" (spawn_local), "torchrun" (the plan's commands) or "mpirun"
     (mpirun --oversubscribe -np W, MASTER_ADDR/MASTER_PORT passed with -x)."""
-    os.makedirs(output_dir, exist_ok=True)
+    if launcher not in ("local", "torchrun", "mpirun"):
+        raise LogprobContractError(f"launcher must be local, torchrun or mpirun; got "
+                                   f"{launcher!r}")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(f"{output_dir}: cannot create the output directory: "
+                           f"{e.strerror}") from None
+    # Opened up front: a summary that cannot be written is refused before any topology runs.
+    with AtomicOutputFile(os.path.join(str(output_dir), "summary.json")) as out:
+        return _launch(template, output_dir, topologies, launcher, timeout_s, out)
+
+
+def _launch(template, output_dir, topologies, launcher, timeout_s, out):
     entries = []
     for case, path, _ in plan(template, output_dir, topologies):
         if os.path.exists(path):
@@ -521,16 +699,13 @@ def launch(template, output_dir, topologies=PLANNED_TOPOLOGIES, launcher="local"
             port = _free_port()
             if launcher == "torchrun":
                 argv = launch_argv(case, path, port)
-            elif launcher == "mpirun":
+            else:
                 argv = ["mpirun", "--oversubscribe", "-np", str(case.world_size), "-x",
                         "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "MASTER_ADDR=127.0.0.1",
                         "-x", f"MASTER_PORT={port}", sys.executable, "-m",
                         "detlogp.drift_report"] + _case_args(case) + ["--output", path]
                 if os.geteuid() == 0:
                     argv.insert(1, "--allow-run-as-root")
-            else:
-                raise LogprobContractError(f"launcher must be local, torchrun or mpirun; got "
-                                           f"{launcher!r}")
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                                   env=_package_env())
             code, err = proc.returncode, proc.stderr
@@ -553,7 +728,7 @@ def launch(template, output_dir, topologies=PLANNED_TOPOLOGIES, launcher="local"
                "case": {k: v for k, v in template.to_dict().items() if k not in ("tp", "cp")},
                "topologies": entries, "cross_topology_bitwise": cross,
                "passed": cross and all(e["passed"] for e in entries)}
-    _write_json(summary, os.path.join(str(output_dir), "summary.json"))
+    _write_json(summary, out.path, out)
     return summary["passed"]
 
 
@@ -620,8 +795,9 @@ def main(argv=None):
             return 0 if launch(case, args.output_dir, args.topologies, args.launcher) else 1
         perturb = None if args.perturb_rank is None else (args.perturb_rank, args.perturb_delta)
         passed = run_topology(case, args.output, args.init_method, perturb)
-    except LogprobContractError as e:
-        print(f"detlogp.drift_report: error: {e}", file=sys.stderr)
+    except (LogprobContractError, RuntimeError) as e:
+        # A bad case or launch, or the environment: one line, on every rank alike.
+        print(f"detlogp.drift_report: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if not passed:
         print(f"detlogp.drift_report: FAIL (tp={case.tp}, cp={case.cp}); see "

@@ -82,8 +82,10 @@ def test_world_size_mismatch_is_refused_before_any_process_group(monkeypatch):
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(LogprobContractError, match="does not match TP\\*CP"):
+    # The launch, not the case: an environment error (RuntimeError, not a ValueError).
+    with pytest.raises(RuntimeError, match="does not match TP\\*CP") as e:
         dr.run_topology(small(), None)
+    assert not isinstance(e.value, ValueError)
     assert not dist.is_initialized()
 
 
