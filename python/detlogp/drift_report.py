@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform as _platform
 import shlex
@@ -106,8 +107,14 @@ class DriftCase:
         if self.tokens < self.cp:
             raise LogprobContractError(f"batch*seq={self.tokens} tokens cannot be split over "
                                        f"cp={self.cp} ranks")
-        if not (isinstance(self.logit_scale, (int, float)) and self.logit_scale > 0):
-            raise LogprobContractError(f"logit_scale must be > 0; got {self.logit_scale!r}")
+        if not (isinstance(self.logit_scale, (int, float)) and 0 < self.logit_scale < math.inf):
+            raise LogprobContractError(f"logit_scale must be finite and > 0; got "
+                                       f"{self.logit_scale!r}")
+        # torch's generator takes seeds in [-2^63, 2^64).
+        if type(self.batch_key) is not int or not -(2**63) <= self.batch_key < 2**64:
+            raise LogprobContractError(f"batch_key must be an integer in [-2^63, 2^64); got "
+                                       f"{self.batch_key!r}")
+        check_int(self.ignore_index, "ignore_index")
 
     @property
     def world_size(self):
@@ -569,6 +576,8 @@ def run_topology(case, output=None, init_method="env://", perturb=None):
     perturb = _perturbation(perturb)
     if perturb is not None and not 0 <= perturb[0] < world:
         raise LogprobContractError(f"perturb rank {perturb[0]} is outside [0, {world})")
+    if perturb is not None and not math.isfinite(perturb[1]):
+        raise LogprobContractError(f"the perturbation delta must be finite; got {perturb[1]!r}")
     if init_method == "env://":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
@@ -743,9 +752,16 @@ def _topologies(text):
     return tuple(out)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """A bad option: one line, exit 2 (the usage is in --help)."""
+        self.exit(2, f"detlogp.drift_report: error: {message} (see python -m "
+                     "detlogp.drift_report --help)\n")
+
+
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m detlogp.drift_report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m detlogp.drift_report", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))

@@ -84,7 +84,10 @@ def report_main(tmp_path, monkeypatch, capsys):
             monkeypatch.setenv(k, v)
         capsys.readouterr()
         init = f"file://{rendezvous}/{len(os.listdir(rendezvous))}"
-        code = dr.main(args + ["--init-method", init])
+        try:
+            code = dr.main(args + ["--init-method", init])
+        except SystemExit as e:  # argparse
+            code = e.code
         assert not dist.is_initialized()  # destroyed on every path
         return subprocess.CompletedProcess(args, code, "", capsys.readouterr().err)
 
@@ -234,6 +237,21 @@ def test_a_case_that_does_not_fit_in_memory_is_refused_up_front(tmp_path, report
     need = dr._memory_needed(dr.DriftCase(tp=1, cp=1, **SMALL), 0)
     assert f"needs {need} bytes but this process has 1000 bytes available" in line
     assert "(DETLOGP_TESTING_MEMORY_LIMIT); use fewer tokens (--batch, --seq)" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--seq", "1e20"], "argument --seq: invalid int value: '1e20' (see python -m"),
+    (small_args(logit_scale="inf"), "logit_scale must be finite and > 0; got inf"),
+    (small_args(batch_key=2**64), "batch_key must be an integer in [-2^63, 2^64)"),
+    (small_args() + ["--perturb-rank", "0", "--perturb-delta", "nan"],
+     "the perturbation delta must be finite; got nan"),
+])
+def test_bad_options_are_one_line_errors(tmp_path, report_main, args, expect):
+    # Each of these used to end in a traceback, some after the whole computation.
+    out = tmp_path / "r.json"
+    line = one_line_error(report_main(args + ["--output", str(out)]))
+    assert expect in line
     assert not out.exists()
 
 
