@@ -53,7 +53,7 @@ def _mask(m, tokens):
     if m is None:
         return None
     active = active_from_mask(m, (tokens,), "mask", f"one entry per token, shape ({tokens},)")
-    return active.view(np.uint8)
+    return (active if isinstance(active, np.ndarray) else active.numpy()).view(np.uint8)
 
 
 def _dtype_name(dtype):

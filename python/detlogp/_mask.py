@@ -16,8 +16,9 @@ __all__ = ["active_from_mask"]
 
 
 def active_from_mask(mask, shape, field, expected):
-    """``mask`` (of ``shape``) as a flat, C-contiguous NumPy bool array on the CPU: ``mask !=
-    0``. ``field`` names the argument and ``expected`` says what its shape must be, for the
+    """``mask`` (of ``shape``) as a flat, contiguous bool array on the CPU, ``mask != 0``: a
+    torch tensor for a torch mask (a trainer's every call: no trip through NumPy), else a NumPy
+    array. ``field`` names the argument and ``expected`` says what its shape must be, for the
     errors ("loss_mask must have the targets' shape (2, 8); got (2, 9)")."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(mask, torch.Tensor):
@@ -28,9 +29,7 @@ def active_from_mask(mask, shape, field, expected):
         if tuple(m.shape) != tuple(shape):
             raise LogprobContractError(f"{field} must have {expected}; got {tuple(m.shape)}")
         m = m.reshape(-1).cpu()
-        if m.dtype != torch.bool:
-            m = m != 0
-        return m.contiguous().numpy()
+        return (m if m.dtype == torch.bool else m != 0).contiguous()
     try:
         a = np.asarray(mask)
     except (TypeError, ValueError):

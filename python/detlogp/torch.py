@@ -180,8 +180,9 @@ def _active(flat_targets, loss_mask, ignore_index, lead_shape):
     if ignore_index is not None:
         active = flat_targets != check_int(ignore_index, "ignore_index")
     if loss_mask is not None:
-        lm = torch.from_numpy(active_from_mask(loss_mask, lead_shape, "loss_mask",
-                                               f"the targets' shape {lead_shape}"))
+        lm = active_from_mask(loss_mask, lead_shape, "loss_mask",
+                              f"the targets' shape {lead_shape}")
+        lm = lm if isinstance(lm, torch.Tensor) else torch.from_numpy(lm)
         active = lm if active is None else active & lm
     if active is None:
         active = torch.ones(flat_targets.shape, dtype=torch.bool)
