@@ -108,28 +108,51 @@ std::string short_digest(const std::vector<T>& v) {
 }  // namespace
 
 int fused_run_command(const RunOptions& o) {
-  if (o.tokens <= 0 || o.real_vocab <= 0 || o.hidden <= 0 || o.tile_width <= 0) {
-    throw UsageError(fmt::format(
-        "--tokens, --real-vocab, --hidden and --tile-width must be > 0; got {}, {}, {}, {}",
-        o.tokens, o.real_vocab, o.hidden, o.tile_width));
-  }
+  // Everything that needs no data first, with the same checks as `run` (run_checks.hpp).
+  check_run_options(o);
   if (o.comm == "mpi") throw UsageError("--fused runs on the in-process group; drop --comm mpi");
   if (o.device != "cpu") throw UsageError("--fused runs on the CPU; drop --device " + o.device);
-  const std::vector<int64_t> tps = parse_int_list(o.tp.empty() ? "1,2,4" : o.tp, "--tp");
+  const std::vector<int64_t> tps = in_process_tps(o);
+  const std::chrono::milliseconds timeout = parse_collective_timeout(o.collective_timeout);
   const DType dtype = parse_dtype(o.dtype, "--dtype");
   const int threads = resolve_threads(o.threads);
   const int64_t hs = o.hidden;
   const std::size_t esz = dtype_size(dtype);
   const SyntheticSpec spec{
       .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .key = o.batch_key};
-  const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
 
   std::vector<VocabLayout> layouts;
   int64_t padded_max = o.real_vocab;
+  uint64_t ranks_total = 0;
   for (int64_t tp : tps) {
     layouts.push_back(run_layout(o.real_vocab, tp, o.tile_width));
     padded_max = std::max(padded_max, layouts.back().padded_vocab_size);
+    ranks_total += static_cast<uint64_t>(tp);
   }
+  // What the run holds at once: the inputs, the reference's fp32 logits, and every degree's
+  // gradients (kept for the bitwise comparison).
+  const auto tokens = static_cast<uint64_t>(o.tokens), h = static_cast<uint64_t>(hs);
+  const auto padded = static_cast<uint64_t>(padded_max), real = static_cast<uint64_t>(o.real_vocab);
+  const RunBuffer buffers[] = {
+      {.name = "the hidden states", .rows = tokens, .cols = h, .element_size = esz},
+      {.name = "the lm_head weight", .rows = padded, .cols = h, .element_size = esz},
+      {.name = "the reference logits", .rows = tokens, .cols = real, .element_size = 4},
+      {.name = "a hidden-state gradient per rank",
+       .count = ranks_total,
+       .rows = tokens,
+       .cols = h,
+       .element_size = esz},
+      {.name = "a weight gradient per TP degree",
+       .count = tps.size(),
+       .rows = padded,
+       .cols = h,
+       .element_size = esz}};
+  require_run_memory(buffers,
+                     fmt::format("--tokens {} x --hidden {} x {} columns of {}", o.tokens, hs,
+                                 padded_max, o.dtype),
+                     "use fewer --tokens or a smaller --hidden");
+  const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
+
   Progress progress(true);
   progress.step("[run --fused] generating hidden states and lm_head weight...");
   std::vector<uint8_t> hidden, weight;
@@ -165,30 +188,33 @@ int fused_run_command(const RunOptions& o) {
     out.grad_hidden.resize(static_cast<std::size_t>(tp));
     out.grad_weight.assign(static_cast<std::size_t>(l.padded_vocab_size * hs) * esz, 0xff);
     std::vector<double> fwd_s(static_cast<std::size_t>(tp)), bwd_s(static_cast<std::size_t>(tp));
-    run_ranks(tp, [&](Communicator& comm) {
-      const int r = comm.rank();
-      const VocabRange b = l.vocab_shard_bounds[static_cast<std::size_t>(r)];
-      const LogprobContract c = contract_for(o, dtype, l, r, rows);
-      const FusedOptions fo{.entropy = true, .exec = {.threads = rank_threads(threads, tp, r)}};
-      const auto t0 = std::chrono::steady_clock::now();
-      FusedLogprobResult res = op.forward(
-          hidden_view, LogitsView{weight.data() + b.start * hs * esz, dtype, b.size(), hs, hs},
-          rows.targets, c, comm, fo);
-      fwd_s[r] = seconds_since(t0);
-      std::vector<uint8_t>& gh = out.grad_hidden[static_cast<std::size_t>(r)];
-      gh.resize(hidden.size());
-      const auto t1 = std::chrono::steady_clock::now();
-      op.backward(
-          res,
-          {.grad_logp = rows.grad_logp,
-           .grad_lse = rows.grad_lse,
-           .grad_entropy = rows.grad_entropy},
-          MutableLogitsView{gh.data(), dtype, o.tokens, hs, hs},
-          MutableLogitsView{out.grad_weight.data() + b.start * hs * esz, dtype, b.size(), hs, hs},
-          comm);
-      bwd_s[r] = seconds_since(t1);
-      out.ranks[static_cast<std::size_t>(r)] = std::move(res);
-    });
+    run_ranks(
+        tp,
+        [&](Communicator& comm) {
+          const int r = comm.rank();
+          const VocabRange b = l.vocab_shard_bounds[static_cast<std::size_t>(r)];
+          const LogprobContract c = contract_for(o, dtype, l, r, rows);
+          const FusedOptions fo{.entropy = true, .exec = {.threads = rank_threads(threads, tp, r)}};
+          const auto t0 = std::chrono::steady_clock::now();
+          FusedLogprobResult res = op.forward(
+              hidden_view, LogitsView{weight.data() + b.start * hs * esz, dtype, b.size(), hs, hs},
+              rows.targets, c, comm, fo);
+          fwd_s[r] = seconds_since(t0);
+          std::vector<uint8_t>& gh = out.grad_hidden[static_cast<std::size_t>(r)];
+          gh.resize(hidden.size());
+          const auto t1 = std::chrono::steady_clock::now();
+          op.backward(res,
+                      {.grad_logp = rows.grad_logp,
+                       .grad_lse = rows.grad_lse,
+                       .grad_entropy = rows.grad_entropy},
+                      MutableLogitsView{gh.data(), dtype, o.tokens, hs, hs},
+                      MutableLogitsView{out.grad_weight.data() + b.start * hs * esz, dtype,
+                                        b.size(), hs, hs},
+                      comm);
+          bwd_s[r] = seconds_since(t1);
+          out.ranks[static_cast<std::size_t>(r)] = std::move(res);
+        },
+        {.collective_timeout = timeout});
     out.forward_s = *std::max_element(fwd_s.begin(), fwd_s.end());
     out.backward_s = *std::max_element(bwd_s.begin(), bwd_s.end());
     runs.push_back(std::move(out));

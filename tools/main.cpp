@@ -9,6 +9,7 @@
 
 #include "cli.hpp"
 #include "detlogp/detlogp.hpp"
+#include "unknown_options.hpp"
 
 namespace {
 
@@ -144,7 +145,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "detlogp: " << one_line(e.what()) << " (see detlogp --help)\n";
+    // An unknown option first: a typo (--logit) is usually why a required option is missing.
+    const std::string unknown = unknown_options_message(app);
+    const std::vector<CLI::App*> parsed = app.get_subcommands();
+    const std::string name = parsed.empty() ? "detlogp" : "detlogp " + parsed[0]->get_name();
+    std::cerr << name << ": " << one_line(unknown.empty() ? e.what() : unknown) << " (see " << name
+              << " --help)\n";
     return kExitBadInput;
   }
   const char* command = "detlogp";

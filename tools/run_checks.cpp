@@ -1,8 +1,58 @@
 #include "run_checks.hpp"
 
+#include <cmath>
+#include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "device.hpp"
+#include "io/memory.hpp"
+
 namespace detlogp::cli {
+
+void check_run_options(const RunOptions& o) {
+  if (o.tokens <= 0) throw UsageError(fmt::format("--tokens must be > 0; got {}", o.tokens));
+  if (o.real_vocab <= 0) {
+    throw UsageError(fmt::format("--real-vocab must be > 0; got {}", o.real_vocab));
+  }
+  if (o.tile_width <= 0) {
+    throw UsageError(fmt::format("--tile-width must be > 0; got {}", o.tile_width));
+  }
+  if (o.fused && o.hidden <= 0) {
+    throw UsageError(fmt::format("--hidden must be > 0; got {}", o.hidden));
+  }
+  if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
+    throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
+  }
+  if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
+  parse_dtype(o.dtype, "--dtype");
+  parse_device(o.device);
+  parse_collective_timeout(o.collective_timeout);
+}
+
+std::vector<int64_t> in_process_tps(const RunOptions& o) {
+  if (o.cp != 1) throw UsageError("--cp needs --comm mpi (context parallelism splits processes)");
+  const std::vector<int64_t> tps = parse_int_list(o.tp.empty() ? "1,2,4" : o.tp, "--tp");
+  for (int64_t tp : tps) check_in_process_tp(tp, "--tp");
+  return tps;
+}
+
+std::uint64_t require_run_memory(std::span<const RunBuffer> buffers, std::string_view what,
+                                 std::string_view fix) {
+  std::uint64_t total = 0;
+  std::string names;
+  for (const RunBuffer& b : buffers) {
+    const std::uint64_t bytes = io::checked_product(
+        {b.count, b.rows, b.cols, b.element_size}, fmt::format("{}: the size of {}", what, b.name));
+    if (__builtin_add_overflow(total, bytes, &total)) {
+      throw ContractError(fmt::format("{}: the sum of its buffers overflows 64-bit sizes", what));
+    }
+    names += (names.empty() ? "" : ", ") + std::string(b.name);
+  }
+  io::require_memory(total, fmt::format("{} ({})", what, names), fix);
+  return total;
+}
 
 VocabLayout run_layout(int64_t real_vocab, int64_t tp, int64_t tile_width) {
   VocabLayout layout = megatron_bounds(real_vocab, tp);

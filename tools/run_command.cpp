@@ -39,23 +39,6 @@ std::string resolve_comm(const std::string& comm) {
   return "in-process";
 }
 
-void check_common(const RunOptions& o) {
-  if (o.tokens <= 0) throw UsageError(fmt::format("--tokens must be > 0; got {}", o.tokens));
-  if (o.real_vocab <= 0) {
-    throw UsageError(fmt::format("--real-vocab must be > 0; got {}", o.real_vocab));
-  }
-  if (o.tile_width <= 0) {
-    throw UsageError(fmt::format("--tile-width must be > 0; got {}", o.tile_width));
-  }
-  if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
-    throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
-  }
-  if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
-  parse_dtype(o.dtype, "--dtype");
-  parse_device(o.device);
-  parse_collective_timeout(o.collective_timeout);
-}
-
 }  // namespace
 
 int resolve_threads(int requested) {
@@ -107,7 +90,7 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 
 int run_command(const RunOptions& o, int* argc, char*** argv) {
   const std::string comm = resolve_comm(o.comm);
-  check_common(o);
+  check_run_options(o);
   const Device device = parse_device(o.device);
   if (comm == "mpi" && device != Device::cpu) {
     throw UsageError(
@@ -123,9 +106,7 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
     throw UsageError("--comm mpi: this detlogp was built without MPI (DETLOGP_WITH_MPI=OFF)");
 #endif
   }
-  if (o.cp != 1) throw UsageError("--cp needs --comm mpi (context parallelism splits processes)");
-  const std::vector<int64_t> tps = parse_int_list(o.tp.empty() ? "1,2,4" : o.tp, "--tp");
-  for (int64_t tp : tps) check_in_process_tp(tp, "--tp");
+  const std::vector<int64_t> tps = in_process_tps(o);
   const std::chrono::milliseconds timeout = parse_collective_timeout(o.collective_timeout);
   init_device(device);
   const DType dtype = parse_dtype(o.dtype, "--dtype");
@@ -140,19 +121,21 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
     stride = std::max(stride, layouts.back().padded_vocab_size);
   }
 
-  Progress progress(true);
-  progress.step("[run] generating synthetic logits...");
   const std::size_t esz = dtype_size(dtype);
   // Logits and gradient, each tokens x padded: refuse up front what this process cannot hold
   // (instead of a bare std::bad_alloc, or the kernel's OOM killer, halfway through).
-  const std::uint64_t bytes_each = io::checked_product(
-      {static_cast<std::uint64_t>(o.tokens), static_cast<std::uint64_t>(stride), esz},
-      "--tokens x vocabulary columns x dtype size");
-  io::require_memory(io::checked_product({2, bytes_each}, "the logits and the gradient"),
-                     fmt::format("--tokens {} x {} columns of {} (the logits and the gradient)",
-                                 o.tokens, stride, o.dtype),
+  const RunBuffer buffers[] = {{.name = "the logits and the gradient",
+                                .count = 2,
+                                .rows = static_cast<std::uint64_t>(o.tokens),
+                                .cols = static_cast<std::uint64_t>(stride),
+                                .element_size = esz}};
+  require_run_memory(buffers,
+                     fmt::format("--tokens {} x {} columns of {}", o.tokens, stride, o.dtype),
                      "use fewer --tokens");
-  const std::size_t bytes = static_cast<std::size_t>(bytes_each);
+  const std::size_t bytes = static_cast<std::size_t>(o.tokens * stride) * esz;  // checked above
+
+  Progress progress(true);
+  progress.step("[run] generating synthetic logits...");
   std::vector<std::byte> logits = io::allocate_bytes(bytes, "[run] allocating the logits");
   std::vector<std::byte> grad = io::allocate_bytes(bytes, "[run] allocating the gradient");
   fill_logits(spec, 0, o.tokens, 0, stride, logits.data(), stride, threads);

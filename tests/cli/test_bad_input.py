@@ -194,6 +194,26 @@ def test_bad_usage(d):
     expect_bad(d, ["run", "--no-such-option"])
 
 
+def test_unknown_options_are_named_with_a_hint(d):
+    # A typo is reported as what it is, not as the required option it failed to set.
+    err = expect_bad(d, ["logprob", "--logit", "logits.npy", "--targets", "targets.npy", "--out",
+                         "out.safetensors"], "unknown option --logit", "did you mean --logits?")
+    assert "required" not in err
+    expect_bad(d, ["run", "--token", "8"], "unknown option --token", "did you mean --tokens?")
+    expect_bad(d, ["run", "--tokens", "8", "--fussed"], "unknown option --fussed",
+               "did you mean --fused?")
+    expect_bad(d, ["drift", "--candidate=logp.npy", "--referense=logp.npy"],
+               "unknown option --referense", "did you mean --reference?")
+    # A prefix of several options names them all.
+    expect_bad(d, logprob_args(**{"--grad": "grad.npy"}), "unknown option --grad",
+               "--grad-logp", "--grad-lse", "--grad-entropy")
+    expect_bad(d, ["--verison"], "unknown option --verison", "did you mean --version?")
+    err = expect_bad(d, ["run", "--zzzz-nothing-like-it"], "unknown option --zzzz-nothing-like-it")
+    assert "did you mean" not in err
+    # Two typos: both named.
+    expect_bad(d, ["run", "--token", "8", "--temprature", "2"], "--token", "--temprature")
+
+
 def test_outputs_never_overwrite_each_other_or_an_input(d):
     # --provenance on the same path as --out would replace the tensors with the JSON.
     expect_bad(d, logprob_args(**{"--provenance": "out.safetensors"}), "--provenance",

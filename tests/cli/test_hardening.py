@@ -205,6 +205,73 @@ def test_extreme_run_options_are_clear_errors(args, phrase):
         assert phrase in p.stderr
 
 
+FUSED = ["--fused", "--hidden", 64]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["run", "run-fused"])
+@pytest.mark.parametrize("args,phrase", [
+    (["--temperature", 0], "--temperature"),
+    (["--temperature", -1], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--temperature", "inf"], "--temperature"),
+    (["--threads", -1], "--threads"),
+    (["--tokens", 0], "--tokens"),
+    (["--tokens", 2**62], "--tokens"),
+    (["--real-vocab", INT64_MAX], "overflows"),
+    (["--tile-width", 0], "--tile-width"),
+    (["--tp", 65], "must be in [1, 64]"),
+    (["--tp", "1,x"], "--tp"),
+    (["--dtype", "fp8"], "fp8"),
+    (["--device", "tpu"], "--device"),
+    (["--collective-timeout", -1], "--collective-timeout"),
+    (["--cp", 2], "--cp"),
+])
+def test_run_and_fused_refuse_bad_options_before_making_data(fused, args, phrase):
+    # The same options get the same checks with and without --fused, all before any data is
+    # made: stderr holds the one error line and no progress line.
+    base = (FUSED if fused else []) + ["--tokens", 4, "--real-vocab", 3000, "--tp", "1,2"]
+    p = detlogp("run", *base, *args, timeout=60)
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip()
+    assert "\n" not in err, err
+    assert phrase in err and "generating" not in err, err
+
+
+@pytest.mark.parametrize("hidden", [INT64_MAX, 2**62, 2**40])
+def test_fused_huge_hidden_is_refused_up_front(hidden):
+    p = detlogp("run", "--fused", "--tokens", 4, "--real-vocab", 3000, "--tp", 1,
+                "--hidden", hidden, timeout=60)
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip()
+    assert "\n" not in err and "generating" not in err, err
+    assert f"--hidden {hidden}" in err, err
+    assert "vector" not in err and "bad_alloc" not in err
+
+
+def test_fused_memory_estimate_is_checked_up_front():
+    # hidden [4, 64] and lm_head [3072, 64] bf16 at TP 1 and 2: the weight and one weight
+    # gradient per degree alone are 3 x 3072 x 64 x 2 bytes.
+    args = ["run", "--fused", "--tokens", 4, "--hidden", 64, "--real-vocab", 3000, "--tp", "1,2",
+            "--threads", 2]
+    p = detlogp(*args, env={"DETLOGP_TESTING_MEMORY_LIMIT": "100000"}, timeout=60)
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip()
+    assert "\n" not in err and "generating" not in err, err
+    assert "has 100000 bytes available (DETLOGP_TESTING_MEMORY_LIMIT)" in err
+    assert "use fewer --tokens" in err and "--hidden" in err
+    needed = int(err.split(" needs ")[1].split(" bytes")[0])
+    assert needed >= 3 * 3072 * 64 * 2
+    p = detlogp(*args, env={"DETLOGP_TESTING_MEMORY_LIMIT": str(needed)}, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+def test_fused_does_not_run_until_killed():
+    # 2^62 tokens: refused (an overflow or the memory check), not run until the OOM killer.
+    p = detlogp("run", "--fused", "--tokens", 2**62, "--tp", 1, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "--tokens" in p.stderr and "generating" not in p.stderr
+
+
 pytestmark_mpi = pytest.mark.skipif(not MPIEXEC, reason="built without MPI")
 
 
