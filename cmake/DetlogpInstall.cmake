@@ -3,8 +3,8 @@
 #   find_package(detlogp REQUIRED COMPONENTS mpi cuda)    # + detlogp::mpi, detlogp::cuda
 # plus the command line tool (bin/detlogp) and the Python package (see python/CMakeLists.txt).
 # Install components, for `cmake --install <build> --component <name>`:
-#   core    libdetlogp, include/detlogp/*.hpp, lib/cmake/detlogp/
-#   mpi     libdetlogp_mpi (its header, mpi_comm.hpp, is part of core's headers)
+#   core    libdetlogp, include/detlogp/*.hpp but mpi_comm.hpp, lib/cmake/detlogp/
+#   mpi     libdetlogp_mpi and its header, include/detlogp/mpi_comm.hpp
 #   cuda    libdetlogp_cuda, include/detlogp/cuda.hpp and cuda_registry.hpp
 #   cli     bin/detlogp
 #   python  the detlogp Python package
@@ -24,7 +24,7 @@ install(TARGETS detlogp EXPORT detlogpTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT core
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/detlogp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        COMPONENT core)
+        COMPONENT core PATTERN mpi_comm.hpp EXCLUDE)
 install(EXPORT detlogpTargets NAMESPACE detlogp:: FILE detlogpTargets.cmake
         DESTINATION ${DETLOGP_CMAKE_INSTALL_DIR} COMPONENT core)
 
@@ -54,6 +54,11 @@ function(detlogp_add_component target component)
 endfunction()
 
 detlogp_add_component(detlogp_mpi mpi)
+if(TARGET detlogp_mpi)
+  # MpiComm's header needs mpi.h: installed only with the library that implements it.
+  install(FILES ${PROJECT_SOURCE_DIR}/include/detlogp/mpi_comm.hpp
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/detlogp COMPONENT mpi)
+endif()
 detlogp_add_component(detlogp_cuda cuda)
 if(TARGET detlogp_cuda)
   # The CUDA kernels' header and the CUDA backend's registration header.
