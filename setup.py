@@ -14,6 +14,7 @@ Environment:
 """
 
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -25,6 +26,33 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def require_bdist_wheel():
+    """pip builds a wheel through setuptools' bdist_wheel command, which setuptools before 70.1
+    takes from the `wheel` package. With --no-build-isolation pip uses the interpreter's own
+    setuptools and wheel; a pyenv or venv interpreter often has no wheel, and setuptools would
+    then stop with "invalid command 'bdist_wheel'". Say what is missing and how to get it,
+    before anything is built."""
+    # dist_info (pip's metadata step) runs bdist_wheel's code too.
+    if not {"bdist_wheel", "dist_info", "editable_wheel"} & set(sys.argv[1:]):
+        return
+    if importlib.util.find_spec("wheel") is not None:
+        return
+    if importlib.util.find_spec("setuptools.command.bdist_wheel") is not None:
+        return
+    import setuptools
+
+    sys.exit(
+        f"setup.py: this Python ({sys.executable}) has setuptools {setuptools.__version__} but "
+        "no 'wheel' package, which pip needs here to build the detlogp wheel (pip install "
+        "--no-build-isolation uses the interpreter's own setuptools and wheel). Either run pip "
+        "without --no-build-isolation (pip then fetches setuptools and wheel from PyPI into a "
+        f"build environment of its own), or install wheel first: {sys.executable} -m pip "
+        "install wheel (Debian's /usr/bin/python3: apt-get install python3-wheel).")
+
+
+require_bdist_wheel()
 
 
 def project_version():
