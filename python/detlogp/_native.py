@@ -4,6 +4,10 @@ An extension is built for one CPython version: its file name carries the tag
 (``_detlogp.cpython-311-x86_64-linux-gnu.so``) and another interpreter does not even see it,
 which Python reports as a confusing "partially initialized module ... circular import". This
 module names the version the extension was built for, the running one, and the fix.
+
+It also refuses a NumPy the extension cannot read: pybind11 before 2.12 (Debian 12 ships 2.10)
+lays out NumPy's array descriptors as NumPy 1 does, and under NumPy 2 the arrays it returns
+read every element as the first one, without any error.
 """
 
 import glob
@@ -46,4 +50,19 @@ def load():
                           f"{error}; {_FIX}") from error
 
 
+def check_numpy(extension):
+    """Raises ImportError when the running NumPy is one the extension's pybind11 cannot read."""
+    import numpy
+
+    built = tuple(getattr(extension, "pybind11_version", (0, 0)))
+    major = int(re.match(r"\d+", numpy.__version__).group(0))
+    if major >= 2 and built < (2, 12):
+        raise ImportError(
+            f"detlogp: this build uses pybind11 {built[0]}.{built[1]}, which cannot read NumPy 2 "
+            f"arrays (numpy {numpy.__version__} from {os.path.dirname(numpy.__file__)}): every "
+            f"result would be wrong. Install NumPy 1 into this interpreter ({sys.executable} -m "
+            f"pip install 'numpy<2'), or rebuild detlogp with pybind11 >= 2.12 (docs/install.md)")
+
+
 _detlogp = load()
+check_numpy(_detlogp)

@@ -349,6 +349,9 @@ void ensure_cuda_backend() {
 
 PYBIND11_MODULE(_detlogp, m) {
   m.doc() = "detlogp C++ bindings (private; use the `detlogp` package)";
+  // The pybind11 this extension was built with: before 2.12 it cannot read NumPy 2's arrays
+  // (detlogp/_native.py refuses that pairing at import).
+  m.attr("pybind11_version") = py::make_tuple(PYBIND11_VERSION_MAJOR, PYBIND11_VERSION_MINOR);
 
   static py::exception<ContractError> contract_error(m, "LogprobContractError", PyExc_ValueError);
   contract_error.attr("__doc__") =

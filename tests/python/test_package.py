@@ -21,6 +21,25 @@ def test_built_for_this_interpreter():
         assert hasattr(detlogp, name), name
 
 
+def test_numpy_the_bindings_cannot_read_is_refused_at_import():
+    # pybind11 before 2.12 builds NumPy arrays with NumPy 1's descriptor layout: under NumPy 2
+    # every array the extension returns reads each element as the first one, silently (seen
+    # with Debian's pybind11 2.10 and numpy 2.4 from PyPI). The import must refuse that pair.
+    assert tuple(detlogp._detlogp.pybind11_version) >= (2, 10)
+    code = ("import numpy; numpy.__version__ = '2.0.0'\n"
+            "try:\n    import detlogp\nexcept ImportError as e:\n    print('refused:', e)\n"
+            "else:\n    print('imported')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    if tuple(detlogp._detlogp.pybind11_version) >= (2, 12):
+        assert p.stdout.strip() == "imported"
+    else:
+        assert p.stdout.startswith("refused:"), p.stdout
+        assert "NumPy 2" in p.stdout and "numpy<2" in p.stdout and "2.0.0" in p.stdout
+
+
 def test_install_into_a_prefix(tmp_path):
     build = os.environ.get("DETLOGP_BUILD_DIR")
     site_dir = os.environ.get("DETLOGP_PYTHON_INSTALL_DIR")  # relative to the prefix
