@@ -119,15 +119,16 @@ void preflight(const RunOptions& o, int world, int me) {
   const VocabRange shard = layout.vocab_shard_bounds[static_cast<std::size_t>(pl.tp_rank)];
   const std::uint64_t esz = dtype_size(dtype);
   // This process's logits and gradient slice; rank 0 also gathers the whole gradient.
-  std::uint64_t needed = io::checked_product(
-      {2, static_cast<std::uint64_t>(slice.count), static_cast<std::uint64_t>(shard.size()), esz},
-      "this process's logits and gradient");
-  if (me == 0) {
-    needed += io::checked_product(
-        {static_cast<std::uint64_t>(o.tokens), static_cast<std::uint64_t>(o.real_vocab), esz},
-        "the gathered gradient (--tokens x --real-vocab)");
-  }
-  io::require_memory(needed,
+  const RunBuffer buffers[] = {{.name = "this process's logits and gradient",
+                                .count = 2,
+                                .rows = static_cast<std::uint64_t>(slice.count),
+                                .cols = static_cast<std::uint64_t>(shard.size()),
+                                .element_size = esz},
+                               {.name = "the gathered gradient",
+                                .rows = static_cast<std::uint64_t>(o.tokens),
+                                .cols = static_cast<std::uint64_t>(o.real_vocab),
+                                .element_size = esz}};
+  require_run_memory(std::span(buffers, me == 0 ? 2u : 1u),
                      fmt::format("rank {} of --tokens {} x --real-vocab {} of {} at TP {} x CP {}",
                                  me, o.tokens, o.real_vocab, o.dtype, topo.tp, topo.cp),
                      "use fewer --tokens (or more processes)");
