@@ -15,7 +15,6 @@
 
 #include <array>
 #include <functional>
-
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,10 +35,28 @@ inline constexpr std::array<std::string_view, 2> kPlatforms = {"cpu", "cuda"};
 // A backend as the registry knows it: a stable enum-style name (e.g.
 // "CPU_CANONICAL_VOCAB_PARALLEL_LOGP") and a factory. The factory may throw: the backend then
 // counts as failed to load, is never retried in this registry, and dispatch moves on.
+// The factory runs outside the registry's lock, once per backend: it may call the registry
+// (register, introspect, even dispatch); a thread that needs the same backend meanwhile waits
+// for it, and a dispatch from inside the factory skips the backend being built.
 struct Backend {
   std::string name;
   std::function<std::shared_ptr<LogprobOp>()> create;
+  // What the operator behind the factory can serve, when the library knows it (its own CPU
+  // operators: cpu_backend). Registration refuses a capability that claims more.
+  std::optional<BackendCapability> provides = std::nullopt;
 };
+
+// detlogp's CPU operators, by the kernels they run: "canonical" (VocabParallelLogprob over the
+// SIMD kernels), "reference" (over the scalar reference kernels; the same bits) or
+// "batch_invariant" (BatchInvariantLogprob, the single-shard op). The factory builds the
+// operator under `backend_id`; `provides` is what those kernels serve (cpu_kernels_capability).
+// ContractError for another `kernels`.
+Backend cpu_backend(std::string name, std::string backend_id, std::string_view kernels);
+
+// What one of those operators serves, as the capability it declares when registered under
+// `backend_id` with `kind` (the built-in backends declare exactly this).
+BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,
+                                         ImplementationKind kind);
 
 struct DispatchResult {
   std::shared_ptr<LogprobOp> op;
@@ -77,7 +94,9 @@ class Registry {
   // contract candidate list (at the front with prepend) unless already there: re-registering
   // keeps the position and swaps the capability. Never touches the legacy lists. An empty
   // optional capability throws ContractError "capability must be a BackendCapability"; an
-  // unknown platform "unsupported platform".
+  // unknown platform "unsupported platform"; a capability that claims more than
+  // backend.provides (determinism scopes, reduction orders, TP/CP sizes, dtypes, ...)
+  // ContractError(not_supported, "capability.<field>") naming what the kernels provide.
   void register_logprob_backend(const Backend& backend,
                                 const std::optional<BackendCapability>& capability,
                                 std::string_view platform = "cpu", bool prepend = false);
@@ -104,6 +123,9 @@ class Registry {
   struct State;  // internal
 
  private:
+  // The backend's instance: cached, built once (outside the lock), a failure never retried.
+  std::shared_ptr<LogprobOp> instance(const std::string& name);
+
   std::unique_ptr<State> state_;
   mutable std::mutex mutex_;
 };

@@ -9,10 +9,11 @@
 // caller that dispatches to one (it cannot run Python buffers) gets std::runtime_error from
 // forward and backward, never a crash.
 //
-// The GIL: Python factories run inside Registry::get_logprob_op / get_op, under the registry's
-// lock, and take the GIL themselves. Every registry call from Python therefore releases the GIL
-// first: a thread never waits for the registry's lock while holding the GIL that a factory
-// (which may itself let the GIL go, e.g. in torch code or a sleep) needs to finish. Nothing
+// The GIL: Python factories run inside Registry::get_logprob_op / get_op (outside the
+// registry's lock; a second thread needing the same backend waits for it) and take the GIL
+// themselves. Every registry call from Python therefore releases the GIL first: a thread never
+// waits for the registry (its lock, or a backend another thread is building) while holding the
+// GIL that a factory (which may itself let the GIL go, e.g. in torch code or a sleep) needs. Nothing
 // the registry copies or destroys without the GIL holds a Python reference directly (PyRef).
 
 #include <pybind11/functional.h>
@@ -130,27 +131,6 @@ Backend python_backend(const std::string& name, py::object factory) {
                  }};
 }
 
-Backend cpu_backend(const std::string& name, const std::string& backend_id,
-                    const std::string& kernels) {
-  const detlogp::ShardKernels* k = nullptr;
-  if (kernels == "canonical") {
-    k = &detlogp::simd_kernels();
-  } else if (kernels == "reference") {
-    k = &detlogp::reference_kernels();
-  } else if (kernels != "batch_invariant") {
-    throw detlogp::ContractError(
-        "kernels must be one of: canonical, reference, batch_invariant; got '" + kernels + "'");
-  }
-  if (k == nullptr) {
-    return Backend{name, [backend_id] {
-                     return std::make_shared<detlogp::BatchInvariantLogprob>(backend_id);
-                   }};
-  }
-  return Backend{name, [k, backend_id] {
-                   return std::make_shared<detlogp::VocabParallelLogprob>(*k, backend_id);
-                 }};
-}
-
 using nogil = py::call_guard<py::gil_scoped_release>;
 
 // Python holds registries through shared_ptr; the process-wide one is never deleted.
@@ -165,7 +145,7 @@ namespace detlogp_python {
 void bind_registry(py::module_& m) {
   py::class_<Backend>(m, "Backend")
       .def(py::init(&python_backend), py::arg("name"), py::arg("factory"))
-      .def_static("cpu", &cpu_backend, py::kw_only(), py::arg("name"), py::arg("backend_id"),
+      .def_static("cpu", &detlogp::cpu_backend, py::kw_only(), py::arg("name"), py::arg("backend_id"),
                   py::arg("kernels"))
       .def_readonly("name", &Backend::name);
 

@@ -5,6 +5,10 @@
 
 #include "detlogp/registry.hpp"
 
+#include <fmt/format.h>
+
+#include "detlogp/errors.hpp"
+
 namespace detlogp {
 namespace {
 
@@ -26,8 +30,8 @@ BackendCapability canonical_capability(std::string_view id, ImplementationKind k
        .supports_temperature = true});
 }
 
-BackendCapability batch_invariant_capability() {
-  return BackendCapability({.backend_id = std::string(kCpuBatchInvariantBackendId),
+BackendCapability batch_invariant_capability(std::string_view id, ImplementationKind kind) {
+  return BackendCapability({.backend_id = std::string(id),
                             .roles = kAllRoles,
                             .dtypes = kAllDtypes,
                             .tp_world_sizes = std::vector<int64_t>{1},
@@ -36,38 +40,72 @@ BackendCapability batch_invariant_capability() {
                             .mask_modes = {MaskMode::ignore_index},
                             .exports_vocab_lse = false,
                             .determinism_scopes = {DeterminismScope::fixed_topology},
-                            .implementation_kind = ImplementationKind::reference,
+                            .implementation_kind = kind,
                             .supports_temperature = true,
                             // One shard, one left-to-right sum: not the canonical tile tree.
                             .reduction_orders = {ReductionOrder::global_vocab_shard_index}});
 }
 
+constexpr std::string_view kCpuKernels[] = {"canonical", "reference", "batch_invariant"};
+
+void check_kernels(std::string_view kernels) {
+  for (std::string_view k : kCpuKernels) {
+    if (k == kernels) return;
+  }
+  throw ContractError(ErrorCode::invalid_enum, "kernels",
+                      fmt::format("kernels must be one of: {}; got '{}'",
+                                  fmt::join(kCpuKernels, ", "), kernels));
+}
+
 }  // namespace
+
+BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,
+                                         ImplementationKind kind) {
+  check_kernels(kernels);
+  if (kernels == "batch_invariant") return batch_invariant_capability(backend_id, kind);
+  return canonical_capability(backend_id, kind);
+}
+
+Backend cpu_backend(std::string name, std::string backend_id, std::string_view kernels) {
+  check_kernels(kernels);
+  // What the kernels provide (the id and implementation kind are labels, not limits).
+  BackendCapability provides = cpu_kernels_capability(
+      kernels, fmt::format("cpu-{}-kernels", kernels), ImplementationKind::production);
+  if (kernels == "batch_invariant") {
+    return Backend{std::move(name),
+                   [backend_id] { return std::make_shared<BatchInvariantLogprob>(backend_id); },
+                   std::move(provides)};
+  }
+  const ShardKernels* k = kernels == "canonical" ? &simd_kernels() : &reference_kernels();
+  return Backend{std::move(name),
+                 [k, backend_id] { return std::make_shared<VocabParallelLogprob>(*k, backend_id); },
+                 std::move(provides)};
+}
 
 std::unique_ptr<Registry> Registry::with_builtin_backends() {
   auto r = std::make_unique<Registry>();
-  const Backend batch_invariant{
-      "CPU_BATCH_INVARIANT_LOGP", [] {
-        return std::make_shared<BatchInvariantLogprob>(std::string(kCpuBatchInvariantBackendId));
-      }};
-  const Backend reference{"CPU_REFERENCE_VOCAB_PARALLEL_LOGP", [] {
-                            return std::make_shared<VocabParallelLogprob>(
-                                reference_kernels(), std::string(kCpuReferenceBackendId));
-                          }};
-  const Backend canonical{"CPU_CANONICAL_VOCAB_PARALLEL_LOGP", [] {
-                            return std::make_shared<VocabParallelLogprob>(
-                                simd_kernels(), std::string(kCpuCanonicalBackendId));
-                          }};
+  const Backend batch_invariant = cpu_backend(
+      "CPU_BATCH_INVARIANT_LOGP", std::string(kCpuBatchInvariantBackendId), "batch_invariant");
+  const Backend reference = cpu_backend("CPU_REFERENCE_VOCAB_PARALLEL_LOGP",
+                                        std::string(kCpuReferenceBackendId), "reference");
+  const Backend canonical = cpu_backend("CPU_CANONICAL_VOCAB_PARALLEL_LOGP",
+                                        std::string(kCpuCanonicalBackendId), "canonical");
   // Legacy priority list (get_op("batch_invariant_logp")).
   r->register_legacy_backend("batch_invariant_logp", batch_invariant, "cpu");
   // The contract list starts as a copy of it, with the single-shard capability attached...
-  r->register_logprob_backend(batch_invariant, batch_invariant_capability(), "cpu");
+  r->register_logprob_backend(
+      batch_invariant,
+      cpu_kernels_capability("batch_invariant", kCpuBatchInvariantBackendId,
+                             ImplementationKind::reference),
+      "cpu");
   // ...then the reference and the production backend go in front.
   r->register_logprob_backend(
-      reference, canonical_capability(kCpuReferenceBackendId, ImplementationKind::reference), "cpu",
-      /*prepend=*/true);
+      reference,
+      cpu_kernels_capability("reference", kCpuReferenceBackendId, ImplementationKind::reference),
+      "cpu", /*prepend=*/true);
   r->register_logprob_backend(
-      canonical, canonical_capability(kCpuCanonicalBackendId, ImplementationKind::production),
+      canonical,
+      cpu_kernels_capability("canonical", kCpuCanonicalBackendId, ImplementationKind::production),
       "cpu", /*prepend=*/true);
   return r;
 }

@@ -5,25 +5,35 @@
 
 #include <algorithm>
 #include <cctype>
+#include <condition_variable>
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "contract/contract_json.hpp"
 #include "detlogp/version.hpp"
+#include "registry/capability_ceiling.hpp"
 
 namespace detlogp {
 
 struct Registry::State {
   std::map<std::string, Backend, std::less<>> catalogue;                    // name -> backend
   std::map<std::string, std::vector<std::string>, std::less<>> candidates;  // platform -> names
-  std::map<std::string, std::map<std::string, BackendCapability, std::less<>>, std::less<>> caps;
+  // platform -> name -> capability (shared, so that dispatch copies a pointer, not the sets)
+  std::map<std::string, std::map<std::string, std::shared_ptr<const BackendCapability>, std::less<>>,
+           std::less<>>
+      caps;
   std::map<std::pair<std::string, std::string>, std::vector<std::string>> legacy;
   std::map<std::string, std::shared_ptr<LogprobOp>, std::less<>> cache;
   std::set<std::string, std::less<>> failed;
+  // Backends whose factory is running (outside the lock), and the thread running it; `built`
+  // wakes the threads waiting for one of them.
+  std::map<std::string, std::thread::id, std::less<>> building;
+  std::condition_variable built;
 };
 
 namespace {
@@ -65,30 +75,6 @@ void add_unique(std::vector<std::string>& list, const std::string& name, bool pr
   }
 }
 
-// The instance cache, shared by contract and legacy dispatch: created once, a failure is never
-// retried.
-std::shared_ptr<LogprobOp> instance(Registry::State& s, const std::string& name) {
-  if (auto it = s.cache.find(name); it != s.cache.end()) return it->second;
-  if (s.failed.count(name)) return nullptr;
-  auto it = s.catalogue.find(name);
-  if (it == s.catalogue.end()) {
-    s.failed.insert(name);
-    return nullptr;
-  }
-  std::shared_ptr<LogprobOp> op;
-  try {
-    op = it->second.create();
-  } catch (const std::exception&) {
-    op = nullptr;
-  }
-  if (!op) {
-    s.failed.insert(name);
-    return nullptr;
-  }
-  s.cache.emplace(name, op);
-  return op;
-}
-
 }  // namespace
 
 Registry::Registry() : state_(std::make_unique<State>()) {
@@ -96,6 +82,52 @@ Registry::Registry() : state_(std::make_unique<State>()) {
 }
 
 Registry::~Registry() = default;
+
+// The instance cache, shared by contract and legacy dispatch: created once, a failure is never
+// retried. The factory runs without the lock (it may call this registry back); while it runs,
+// the name is in `building`, so a second thread asking for the same backend waits for that
+// one result instead of building another, and a dispatch from inside the factory itself skips
+// the backend (nullptr, nothing recorded) instead of waiting for itself.
+std::shared_ptr<LogprobOp> Registry::instance(const std::string& name) {
+  State& s = *state_;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (auto it = s.cache.find(name); it != s.cache.end()) return it->second;
+    if (s.failed.count(name)) return nullptr;
+    auto b = s.building.find(name);
+    if (b == s.building.end()) break;
+    if (b->second == std::this_thread::get_id()) return nullptr;
+    s.built.wait(lock);
+  }
+  auto it = s.catalogue.find(name);
+  if (it == s.catalogue.end()) {
+    s.failed.insert(name);
+    return nullptr;
+  }
+  const std::function<std::shared_ptr<LogprobOp>()> create = it->second.create;
+  s.building.emplace(name, std::this_thread::get_id());
+  lock.unlock();
+  std::shared_ptr<LogprobOp> op;
+  try {
+    op = create();
+  } catch (const std::exception&) {
+    op = nullptr;
+  } catch (...) {  // not a load failure: leave the backend unbuilt and let the caller see it
+    lock.lock();
+    s.building.erase(name);
+    s.built.notify_all();
+    throw;
+  }
+  lock.lock();
+  s.building.erase(name);
+  s.built.notify_all();
+  if (!op) {
+    s.failed.insert(name);
+    return nullptr;
+  }
+  s.cache.emplace(name, op);
+  return op;
+}
 
 void Registry::register_logprob_backend(const Backend& backend,
                                         const std::optional<BackendCapability>& capability,
@@ -107,9 +139,11 @@ void Registry::register_logprob_backend(const Backend& backend,
         "capability must be a BackendCapability (got none) for backend " + backend.name);
   }
   const std::string p = check_platform(platform);
+  if (backend.provides) check_within_provided(backend.name, *capability, *backend.provides);
+  auto cap = std::make_shared<const BackendCapability>(*capability);
   std::lock_guard lock(mutex_);
   state_->catalogue.insert_or_assign(backend.name, backend);
-  state_->caps[p].insert_or_assign(backend.name, *capability);
+  state_->caps[p].insert_or_assign(backend.name, std::move(cap));
   add_unique(state_->candidates[p], backend.name, prepend);
 }
 
@@ -132,12 +166,8 @@ void Registry::register_legacy_backend(std::string_view op_type, const Backend& 
 
 std::shared_ptr<LogprobOp> Registry::get_op(std::string_view op_type, std::string_view platform) {
   const std::string p = check_platform(platform);
-  std::lock_guard lock(mutex_);
-  auto it = state_->legacy.find({std::string(op_type), p});
-  if (it != state_->legacy.end()) {
-    for (const std::string& name : it->second) {
-      if (auto op = instance(*state_, name)) return op;
-    }
+  for (const std::string& name : legacy_priority(op_type, p)) {
+    if (auto op = instance(name)) return op;
   }
   throw std::runtime_error(fmt::format("No functional backend found for {} on {}", op_type, p));
 }
@@ -162,18 +192,26 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
   const std::string p = check_platform(platform);
   const std::string_view wanted_id = resolve_retired_backend_id(request);
 
-  std::lock_guard lock(mutex_);
-  State& s = *state_;
+  // A snapshot of the candidates and their capabilities: dispatch then runs without the lock
+  // (a factory may call the registry).
+  std::vector<std::pair<std::string, std::shared_ptr<const BackendCapability>>> candidates;
+  {
+    std::lock_guard lock(mutex_);
+    const auto& caps = state_->caps[p];
+    for (const std::string& name : state_->candidates[p]) {
+      auto cap_it = caps.find(name);
+      candidates.emplace_back(name, cap_it == caps.end() ? nullptr : cap_it->second);
+    }
+  }
   std::vector<std::string> rejected;
   int cap_rejections = 0;
-  for (const std::string& name : s.candidates[p]) {
-    auto cap_it = s.caps[p].find(name);
-    if (cap_it == s.caps[p].end()) {
+  for (const auto& [name, cap_ptr] : candidates) {
+    if (!cap_ptr) {
       rejected.push_back(name + ": no LogprobBackendCapability declared");
       ++cap_rejections;
       continue;
     }
-    const BackendCapability& cap = cap_it->second;
+    const BackendCapability& cap = *cap_ptr;
     if (policy == "production" || policy == "reference") {
       if (std::string(to_string(cap.implementation_kind())) != policy) {
         rejected.push_back(
@@ -193,7 +231,7 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
       ++cap_rejections;
       continue;
     }
-    std::shared_ptr<LogprobOp> op = instance(s, name);
+    std::shared_ptr<LogprobOp> op = instance(name);
     if (!op) {
       rejected.push_back(name + ": backend could not be loaded or instantiated");
       ++cap_rejections;
@@ -255,7 +293,7 @@ std::optional<BackendCapability> Registry::capability(std::string_view platform,
   if (pit == state_->caps.end()) return std::nullopt;
   auto it = pit->second.find(backend_name);
   if (it == pit->second.end()) return std::nullopt;
-  return it->second;
+  return *it->second;
 }
 
 std::string_view resolve_retired_backend_id(std::string_view requested_backend) {
