@@ -13,8 +13,9 @@
 // registry's lock; a second thread needing the same backend waits for it) and take the GIL
 // themselves. Every registry call from Python therefore releases the GIL first: a thread never
 // waits for the registry (its lock, or a backend another thread is building) while holding the
-// GIL that a factory (which may itself let the GIL go, e.g. in torch code or a sleep) needs. Nothing
-// the registry copies or destroys without the GIL holds a Python reference directly (PyRef).
+// GIL that a factory (which may itself let the GIL go, e.g. in torch code or a sleep) needs.
+// Nothing the registry copies or destroys without the GIL holds a Python reference directly
+// (PyRef).
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -145,8 +146,8 @@ namespace detlogp_python {
 void bind_registry(py::module_& m) {
   py::class_<Backend>(m, "Backend")
       .def(py::init(&python_backend), py::arg("name"), py::arg("factory"))
-      .def_static("cpu", &detlogp::cpu_backend, py::kw_only(), py::arg("name"), py::arg("backend_id"),
-                  py::arg("kernels"))
+      .def_static("cpu", &detlogp::cpu_backend, py::kw_only(), py::arg("name"),
+                  py::arg("backend_id"), py::arg("kernels"))
       .def_readonly("name", &Backend::name);
 
   py::class_<Registry, std::shared_ptr<Registry>>(m, "Registry")

@@ -52,9 +52,9 @@ void check_kernels(std::string_view kernels) {
   for (std::string_view k : kCpuKernels) {
     if (k == kernels) return;
   }
-  throw ContractError(ErrorCode::invalid_enum, "kernels",
-                      fmt::format("kernels must be one of: {}; got '{}'",
-                                  fmt::join(kCpuKernels, ", "), kernels));
+  throw ContractError(
+      ErrorCode::invalid_enum, "kernels",
+      fmt::format("kernels must be one of: {}; got '{}'", fmt::join(kCpuKernels, ", "), kernels));
 }
 
 }  // namespace
@@ -93,11 +93,10 @@ std::unique_ptr<Registry> Registry::with_builtin_backends() {
   // Legacy priority list (get_op("batch_invariant_logp")).
   r->register_legacy_backend("batch_invariant_logp", batch_invariant, "cpu");
   // The contract list starts as a copy of it, with the single-shard capability attached...
-  r->register_logprob_backend(
-      batch_invariant,
-      cpu_kernels_capability("batch_invariant", kCpuBatchInvariantBackendId,
-                             ImplementationKind::reference),
-      "cpu");
+  r->register_logprob_backend(batch_invariant,
+                              cpu_kernels_capability("batch_invariant", kCpuBatchInvariantBackendId,
+                                                     ImplementationKind::reference),
+                              "cpu");
   // ...then the reference and the production backend go in front.
   r->register_logprob_backend(
       reference,

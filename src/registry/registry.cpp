@@ -24,7 +24,8 @@ struct Registry::State {
   std::map<std::string, Backend, std::less<>> catalogue;                    // name -> backend
   std::map<std::string, std::vector<std::string>, std::less<>> candidates;  // platform -> names
   // platform -> name -> capability (shared, so that dispatch copies a pointer, not the sets)
-  std::map<std::string, std::map<std::string, std::shared_ptr<const BackendCapability>, std::less<>>,
+  std::map<std::string,
+           std::map<std::string, std::shared_ptr<const BackendCapability>, std::less<>>,
            std::less<>>
       caps;
   std::map<std::pair<std::string, std::string>, std::vector<std::string>> legacy;

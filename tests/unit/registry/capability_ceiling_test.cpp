@@ -58,12 +58,11 @@ TEST(CapabilityCeiling, CanonicalKernelsMayDeclareLessButNotAnotherOrder) {
   Registry r;
   const Backend ref = cpu_backend("REF", "ref", "reference");
   r.register_logprob_backend(ref, claim("ref", {DeterminismScope::fixed_topology}, {{1, 2}}));
-  BackendCapability other_order(
-      {.backend_id = "ref",
-       .roles = {Role::train},
-       .dtypes = {DType::fp32},
-       .determinism_scopes = {DeterminismScope::cross_tp_bitwise},
-       .reduction_orders = {ReductionOrder::global_vocab_shard_index}});
+  BackendCapability other_order({.backend_id = "ref",
+                                 .roles = {Role::train},
+                                 .dtypes = {DType::fp32},
+                                 .determinism_scopes = {DeterminismScope::cross_tp_bitwise},
+                                 .reduction_orders = {ReductionOrder::global_vocab_shard_index}});
   EXPECT_EQ(registration_error(r, ref, other_order).field(), "capability.reduction_orders");
   // The refused re-registration left the earlier capability in place.
   EXPECT_EQ(r.capability("cpu", "REF")->tp_world_sizes(), (std::vector<int64_t>{1, 2}));
@@ -74,12 +73,12 @@ TEST(CapabilityCeiling, BuiltinBackendsDeclareExactlyWhatTheirKernelsProvide) {
   for (const std::string& name : r->contract_candidates("cpu")) {
     const auto cap = r->capability("cpu", name);
     ASSERT_TRUE(cap.has_value()) << name;
-    const std::string kernels = name == "CPU_BATCH_INVARIANT_LOGP"   ? "batch_invariant"
+    const std::string kernels = name == "CPU_BATCH_INVARIANT_LOGP"            ? "batch_invariant"
                                 : name == "CPU_REFERENCE_VOCAB_PARALLEL_LOGP" ? "reference"
                                                                               : "canonical";
-    EXPECT_EQ(cap->to_json(),
-              cpu_kernels_capability(kernels, cap->backend_id(), cap->implementation_kind())
-                  .to_json());
+    EXPECT_EQ(
+        cap->to_json(),
+        cpu_kernels_capability(kernels, cap->backend_id(), cap->implementation_kind()).to_json());
   }
   EXPECT_THROW(cpu_backend("X", "x", "fast"), ContractError);
 }

@@ -28,10 +28,8 @@ LogprobContract tp2_contract() {
                    .vocab_shard_bounds = {{0, 512}, {512, 1024}},
                    .real_vocab_size = 1000,
                    .padded_vocab_size = 1024});
-  return LogprobContract({.role = Role::train,
-                          .dtype = DType::fp32,
-                          .mask = MaskSpec::all_active(4),
-                          .sharding = sh});
+  return LogprobContract(
+      {.role = Role::train, .dtype = DType::fp32, .mask = MaskSpec::all_active(4), .sharding = sh});
 }
 
 BackendCapability canon_cap(const std::string& id) {
@@ -49,27 +47,27 @@ Backend reentrant_backend(const std::string& name, const std::string& id,
 
 // Runs `body` in a child process under the watchdog; the child exits 0 when every check in it
 // held (a failed check exits 1 with the reason on stderr).
-#define EXPECT_NO_DEADLOCK(body)                                             \
-  EXPECT_EXIT(                                                               \
-      {                                                                      \
-        ::alarm(kWatchdogSeconds);                                           \
-        body;                                                                \
-        std::_Exit(::testing::Test::HasFailure() ? 1 : 0);                   \
-      },                                                                     \
+#define EXPECT_NO_DEADLOCK(body)                           \
+  EXPECT_EXIT(                                             \
+      {                                                    \
+        ::alarm(kWatchdogSeconds);                         \
+        body;                                              \
+        std::_Exit(::testing::Test::HasFailure() ? 1 : 0); \
+      },                                                   \
       ExitedWithCode(0), "")
 
 void factory_calls_back(Registry& r) {
   std::vector<std::string> seen;
   bool failed_seen = true;
-  r.register_logprob_backend(
-      reentrant_backend("REENTRANT", "reentrant",
-                        [&] {
-                          seen = r.contract_candidates("cpu");
-                          failed_seen = r.failed_to_load("REENTRANT");
-                          r.register_logprob_backend(
-                              cpu_backend("LATE", "late", "reference"), canon_cap("late"));
-                        }),
-      canon_cap("reentrant"), "cpu", /*prepend=*/true);
+  r.register_logprob_backend(reentrant_backend("REENTRANT", "reentrant",
+                                               [&] {
+                                                 seen = r.contract_candidates("cpu");
+                                                 failed_seen = r.failed_to_load("REENTRANT");
+                                                 r.register_logprob_backend(
+                                                     cpu_backend("LATE", "late", "reference"),
+                                                     canon_cap("late"));
+                                               }),
+                             canon_cap("reentrant"), "cpu", /*prepend=*/true);
   const DispatchResult d = r.get_logprob_op(tp2_contract());
   EXPECT_EQ(d.actual_backend, "reentrant");
   EXPECT_EQ(seen.front(), "REENTRANT");
