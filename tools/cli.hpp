@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "detlogp/comm.hpp"
+
 namespace detlogp::cli {
 
 // 0 success; 1 a check failed (run: bitwise or accuracy; drift: fail verdict; bench never);
@@ -32,9 +34,10 @@ struct RunOptions {
   uint64_t batch_key = 2026;
   float temperature = 1.0f;
   std::string backend = "auto";
-  std::string comm = "auto";        // auto | in-process | mpi
-  std::string device = "cpu";       // cpu | cuda (device.hpp)
-  double collective_timeout = 600;  // seconds a rank waits in one collective; 0: no limit
+  std::string comm = "auto";   // auto | in-process | mpi
+  std::string device = "cpu";  // cpu | cuda (device.hpp)
+  // Seconds a rank waits in one collective; 0: no limit.
+  double collective_timeout = kDefaultCollectiveTimeoutSeconds;
   bool json = false;
   bool fused = false;     // the fused lm_head from hidden states (fused_run_command.cpp)
   int64_t hidden = 4096;  // --fused: hidden size H
@@ -53,7 +56,7 @@ struct LogprobOptions {
   std::string grad_logp, grad_lse, grad_entropy;
   bool deterministic = true;
   int threads = 0;
-  double collective_timeout = 600;  // seconds (see RunOptions)
+  double collective_timeout = kDefaultCollectiveTimeoutSeconds;  // (see RunOptions)
   std::string out;
   std::string provenance;
 };

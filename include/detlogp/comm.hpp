@@ -82,9 +82,17 @@ class SelfComm final : public Communicator {
                      bool in_place) override;
 };
 
-// How long a rank waits in one collective for the others by default: generous (a rank may be
-// minutes behind its peers while it loads or computes) but finite.
-inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(10);
+// How long a rank waits in one collective for the others by default (every transport: the
+// in-process group, MpiComm, the Python torch.distributed one, the CLI). The operator's
+// collectives happen inside one call, which TP ranks reach within the skew of a training step
+// (the model's own TP collectives just before the lm_head keep them in step); two minutes
+// covers a slow first call (lazy device and allocator set-up, a JIT compile, a rank reading
+// its inputs) with margin, and still reports a rank that never joins within two minutes
+// (docs/comm.md, "Collective timeout"). Configurable per communicator; 0 means no limit.
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::seconds(120);
+// The same in seconds (the unit of the CLI's --collective-timeout and of Python's timeout=).
+inline constexpr double kDefaultCollectiveTimeoutSeconds =
+    std::chrono::duration<double>(kDefaultCollectiveTimeout).count();
 
 // The largest in-process group. Every rank is a thread of this process, and one all-gather
 // holds size blocks in each of the size ranks' receive buffers, so the memory of a collective

@@ -26,8 +26,9 @@ from ._detlogp import LogprobContractError
 Communicator = _detlogp.Communicator
 SelfComm = _detlogp.SelfComm
 
-# Seconds a rank waits in one collective for the others (as detlogp::kDefaultCollectiveTimeout).
-DEFAULT_COLLECTIVE_TIMEOUT = 600.0
+# Seconds a rank waits in one collective for the others: detlogp::kDefaultCollectiveTimeout, the
+# default of every transport (docs/comm.md, "Collective timeout").
+DEFAULT_COLLECTIVE_TIMEOUT = _detlogp.DEFAULT_COLLECTIVE_TIMEOUT
 
 
 def _check_timeout(timeout):
@@ -72,6 +73,11 @@ def transport_device(backend):
     return torch.device(device_type)
 
 
+# How a transport words a peer that went away (gloo: "Connection closed by peer").
+_PEER_CLOSED = ("closed by peer", "connection closed", "reset by peer", "broken pipe",
+                "connection refused", "end of file")
+
+
 class _Callbacks:
     """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
     two bound methods). ``device``: None for CPU tensors, else where the bytes travel."""
@@ -88,11 +94,23 @@ class _Callbacks:
         try:
             work.wait(datetime.timedelta(seconds=self.timeout))
         except RuntimeError as error:
-            raise RuntimeError(
-                f"{self.name} {collective} timed out after {self.timeout:g} s on rank "
-                f"{self.rank} of {self.size}, or failed: another rank did not arrive (a rank "
-                f"that fails before forward must still release its peers: see fail_preflight "
-                f"in docs/operator.md) ({error})") from error
+            raise RuntimeError(self._failure(collective, error)) from error
+
+    def _failure(self, collective, error):
+        """What went wrong, cause first: a timeout (a rank did not arrive), a peer that closed
+        the connection (its process ended or failed), or another transport error."""
+        text = str(error)
+        low = text.lower()
+        where = f"{self.name} {collective}"
+        rank = f"on rank {self.rank} of {self.size}"
+        if "timed out" in low or "timeout" in low:
+            return (f"{where} timed out after {self.timeout:g} s {rank}: another rank did not "
+                    f"arrive (a rank that fails before forward must still release its peers: "
+                    f"see fail_preflight in docs/operator.md) ({text})")
+        if any(k in low for k in _PEER_CLOSED):
+            return (f"{where} failed {rank}: a peer closed the connection (its process ended or "
+                    f"failed; look at the other ranks' errors) ({text})")
+        return f"{where} failed {rank}: the transport reported an error ({text})"
 
     def all_gather(self, send_view, recv_view, in_place):
         if self.device is not None:

@@ -135,8 +135,7 @@ class PyCallbackComm final : public Communicator {
     try {
       barrier_fn_();
     } catch (py::error_already_set& e) {
-      throw std::runtime_error(name_ + " barrier failed on rank " + std::to_string(rank_) + ": " +
-                               e.what());
+      throw std::runtime_error(transport_failure(e, "barrier"));
     }
   }
 
@@ -165,12 +164,19 @@ class PyCallbackComm final : public Communicator {
         }
       }
     } catch (py::error_already_set& e) {
-      throw std::runtime_error(name_ + " all_gather failed on rank " + std::to_string(rank_) +
-                               ": " + e.what());
+      throw std::runtime_error(transport_failure(e, "all_gather"));
     }
   }
 
  private:
+  // A RuntimeError is the transport's own report (TorchDistributedComm names the collective,
+  // the rank and the cause first): passed on as it is. Anything else is a fault in the
+  // callback, prefixed with where it happened.
+  std::string transport_failure(py::error_already_set& e, const char* collective) const {
+    if (e.matches(PyExc_RuntimeError)) return py::str(e.value());
+    return name_ + " " + collective + " failed on rank " + std::to_string(rank_) + ": " + e.what();
+  }
+
   int rank_;
   int size_;
   std::string name_;
@@ -375,6 +381,7 @@ PYBIND11_MODULE(_detlogp, m) {
   m.def("version", [] { return std::string(detlogp::version()); });
   m.attr("NUMERICS_VERSION") = std::string(detlogp::kNumericsVersion);
   m.attr("DEFAULT_TILE_WIDTH") = detlogp::kDefaultTileWidth;
+  m.attr("DEFAULT_COLLECTIVE_TIMEOUT") = detlogp::kDefaultCollectiveTimeoutSeconds;
   m.attr("CPU_CANONICAL_BACKEND_ID") = std::string(detlogp::kCpuCanonicalBackendId);
   m.attr("CPU_REFERENCE_BACKEND_ID") = std::string(detlogp::kCpuReferenceBackendId);
   m.attr("CPU_BATCH_INVARIANT_BACKEND_ID") = std::string(detlogp::kCpuBatchInvariantBackendId);

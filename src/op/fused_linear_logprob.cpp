@@ -318,6 +318,7 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   }
   if (tp > 1 || comm.size() > 1) {
     op::PreflightFacts facts;
+    facts.phase = op::kFusedForwardPhase;
     facts.fingerprint = c.cross_rank_fingerprint();
     facts.backend_id = backend;
     facts.numerics_version = std::string(kNumericsVersion);
@@ -422,7 +423,9 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   const float* gathered = send.data();
   if (tp > 1) {
     recv.resize(block * static_cast<size_t>(tp));
-    all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    op::collective_step("fused forward all-gather of the node partials", [&] {
+      all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    });
     gathered = recv.data();
   }
 
@@ -562,6 +565,7 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
   // The grad_hidden exchange is a collective: every rank must agree to run it.
   if (f.tp > 1 || comm.size() > 1) {
     op::PreflightFacts facts;
+    facts.phase = op::kFusedBackwardPhase;
     facts.fingerprint = "fused-backward";
     facts.backend_id = f.backend_id;
     facts.numerics_version = std::string(kNumericsVersion);
@@ -700,7 +704,9 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
   float* gathered = send.data();
   if (f.tp > 1) {
     recv.resize(send.size() * static_cast<size_t>(f.tp));
-    all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    op::collective_step("fused backward all-gather of the grad_hidden partials", [&] {
+      all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    });
     gathered = recv.data();
   }
   PtrStack root(merge_ptr);

@@ -16,7 +16,12 @@ int64_t preflight_record_bytes() { return static_cast<int64_t>(sizeof(PreflightR
 void run_preflight(Communicator& comm, const PreflightFacts& mine) {
   const PreflightRecord own = encode_record(mine);
   std::vector<PreflightRecord> all(static_cast<std::size_t>(comm.size()));
-  all_gather(comm, std::span<const PreflightRecord>(&own, 1), std::span<PreflightRecord>(all));
+  const std::string step =
+      mine.phase.empty() ? std::string("cross-rank preflight all-gather")
+                         : fmt::format("cross-rank preflight all-gather of the {}", mine.phase);
+  collective_step(step, [&] {
+    all_gather(comm, std::span<const PreflightRecord>(&own, 1), std::span<PreflightRecord>(all));
+  });
 
   // Every rank walks the same records in the same order, so every rank reaches the same
   // verdict and throws the same message (except the failing rank, which keeps its own).
@@ -29,6 +34,11 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
                       std::string(all[r].local_error.data(),
                                   strnlen(all[r].local_error.data(), all[r].local_error.size()))));
     }
+  }
+  // Ranks in different calls (one in forward, one in backward) disagree on everything else
+  // too: say so first, not which field happened to differ.
+  if (auto why = phase_disagreement(all)) {
+    throw ContractError(ErrorCode::ranks_disagree, "", "cross-rank preflight failed: " + *why);
   }
   if (auto why = layout_disagreement(all)) {
     throw ContractError(ErrorCode::ranks_disagree, "rows_layout",

@@ -7,14 +7,22 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "detlogp/comm.hpp"
 #include "detlogp/contract.hpp"
 
 namespace detlogp::op {
 
+// The call a rank is in, compared before anything else: ranks in different calls are told so.
+inline constexpr std::string_view kForwardPhase = "forward";
+inline constexpr std::string_view kFusedForwardPhase = "fused forward";
+inline constexpr std::string_view kFusedBackwardPhase = "fused backward";
+
 struct PreflightFacts {
+  std::string_view phase;        // one of the k*Phase names (empty: a rank that only fails)
   std::string fingerprint;       // contract.cross_rank_fingerprint()
   std::string backend_id;        // the backend actually running
   std::string numerics_version;  // kNumericsVersion of this build
@@ -43,5 +51,18 @@ int64_t preflight_record_bytes();
 // validation failed rethrows its own message. Ranks whose rows layouts differ are reported
 // first, with field "rows_layout" (every other difference follows from it).
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
+
+// Runs one collective step of an operator call. A transport failure (std::runtime_error: a
+// timeout, a peer that went away, an aborted group) is rethrown as std::runtime_error
+// "<step>: <the transport's message>", so the message says where in the call it happened
+// before the transport says why. ContractError passes unchanged.
+template <class F>
+void collective_step(std::string_view step, F&& collective) {
+  try {
+    collective();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(step) + ": " + e.what());
+  }
+}
 
 }  // namespace detlogp::op

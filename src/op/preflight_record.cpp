@@ -116,6 +116,7 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
 
 PreflightRecord encode_record(const PreflightFacts& f) {
   PreflightRecord r{};
+  put_text(r.phase, std::string(f.phase));
   put_text(r.fingerprint, f.fingerprint);
   put_text(r.backend_id, f.backend_id);
   put_text(r.numerics_version, f.numerics_version);
@@ -150,6 +151,19 @@ std::optional<std::string> layout_disagreement(std::span<const PreflightRecord> 
           "layout {}; row i must be the same token on every rank (the logits of the ranks are "
           "laid out differently in memory: pass them in one layout, or contiguous)",
           show(all[0]), r, show(all[r]));
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> phase_disagreement(std::span<const PreflightRecord> all) {
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (get_text(all[r].phase) != get_text(all[0].phase)) {
+      return fmt::format(
+          "ranks are in different calls: rank 0 is in {} but rank {} is in {}; every TP rank "
+          "must make the same operator calls in the same order (forward with forward, backward "
+          "with backward)",
+          get_text(all[0].phase), r, get_text(all[r].phase));
     }
   }
   return std::nullopt;

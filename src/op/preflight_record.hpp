@@ -23,6 +23,7 @@ inline constexpr std::array<const char*, 7> kContractPartNames = {
 inline constexpr std::size_t kPartBytes = 168;  // one part's value text, NUL-padded
 
 struct PreflightRecord {
+  std::array<char, 24> phase;  // the call (forward, fused forward, fused backward)
   std::array<char, 72> fingerprint;
   std::array<char, 128> backend_id;
   std::array<char, 48> numerics_version;
@@ -50,6 +51,10 @@ std::array<std::string, kContractPartNames.size()> contract_parts(const LogprobC
 std::string targets_digest(std::span<const int64_t> targets, const std::vector<bool>& active);
 
 PreflightRecord encode_record(const PreflightFacts& facts);
+
+// The text after "cross-rank preflight failed: " when the ranks are in different calls (one in
+// forward, another in backward), else nullopt. Checked first.
+std::optional<std::string> phase_disagreement(std::span<const PreflightRecord> all);
 
 // The text after "cross-rank preflight failed: " when the ranks' rows layouts differ (their
 // row i is not the same token), else nullopt. Checked before first_disagreement.

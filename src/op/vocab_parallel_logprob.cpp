@@ -240,6 +240,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   //    several ranks, so that a rank whose contract says TP=1 fails together with the others).
   if (tp > 1 || comm.size() > 1) {
     op::PreflightFacts facts;
+    facts.phase = op::kForwardPhase;
     facts.fingerprint = c.cross_rank_fingerprint();
     facts.backend_id = backend_id_;
     facts.numerics_version = std::string(kNumericsVersion);
@@ -326,7 +327,9 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   std::span<const float> gathered = send;
   if (tp > 1) {
     recv.resize(wire.block_floats() * static_cast<std::size_t>(tp));
-    all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    op::collective_step("forward all-gather of the node partials", [&] {
+      all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    });
     gathered = recv;
   }
 

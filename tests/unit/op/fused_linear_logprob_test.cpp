@@ -407,5 +407,39 @@ TEST(FusedLinearLogprob, ALocalFailureFailsEveryRank) {
   EXPECT_EQ(failures.load(), 2);
 }
 
+// One rank in forward while the other is in backward: the preflight says so, on both ranks,
+// instead of naming whichever field of the two calls happened to differ first.
+TEST(FusedLinearLogprob, RanksInForwardAndBackwardAreToldSo) {
+  const Layout layout = padded_layout(kReal, 2, kW);
+  const Problem p = make_problem(DType::fp32, kRows, layout.padded, 95);
+  const GradInputs grads = make_grads(kRows, false, 11);
+  const FusedLinearLogprob op;
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const LogprobContract c = make_contract(layout, r, kRows, contract_options());
+    const VocabRange b = layout.bounds[r];
+    const LogitsView w = row_range(p.weight, b.start, b.end);
+    const auto res = op.forward(whole(p.hidden), w, p.targets, c, comm);
+    std::vector<float> gh(static_cast<std::size_t>(kRows * kH));
+    try {
+      if (r == 0) {
+        op.forward(whole(p.hidden), w, p.targets, c, comm);
+      } else {
+        op.backward(res, {.grad_logp = grads.grad_logp},
+                    MutableLogitsView{gh.data(), DType::fp32, kRows, kH, kH}, {}, comm);
+      }
+    } catch (const ContractError& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("ranks are in different calls: rank 0 is in fused forward but rank 1 is in "
+                     "fused backward"),
+              std::string::npos)
+        << e;
+  }
+}
+
 }  // namespace
 }  // namespace detlogp::testing

@@ -199,5 +199,41 @@ TEST(PreflightRecord, FixedSize) {
   EXPECT_LT(op::preflight_record_bytes(), 4096);
 }
 
+// A transport failure in the preflight says where in the call it happened, then the cause.
+TEST(PreflightRecord, TransportFailureNamesThePhaseThenTheCause) {
+  // A peer that left (its function returned without calling forward).
+  std::string left;
+  EXPECT_THROW(run_ranks(2,
+                         [&](Communicator& comm) {
+                           if (comm.rank() == 1) return;
+                           try {
+                             forward(comm, {}, kRows, targets());
+                           } catch (const std::runtime_error& e) {
+                             left = e.what();
+                             throw;
+                           }
+                         }),
+               std::runtime_error);
+  EXPECT_THAT(left, ::testing::StartsWith(
+                        "cross-rank preflight all-gather of the forward: in-process rank group "
+                        "aborted: rank 1 returned from its function"));
+  // A peer that never arrives: the timeout, after the phase.
+  std::string timed_out;
+  std::promise<void> rank0_done;
+  InProcessGroup group(2, {.collective_timeout = std::chrono::milliseconds(100)});
+  std::thread waiter([&] { rank0_done.get_future().wait(); });  // rank 1: never joins
+  try {
+    forward(group.comm(0), {}, kRows, targets());
+  } catch (const std::runtime_error& e) {
+    timed_out = e.what();
+  }
+  rank0_done.set_value();
+  waiter.join();
+  EXPECT_THAT(timed_out, ::testing::StartsWith(
+                             "cross-rank preflight all-gather of the forward: in-process rank "
+                             "group aborted: rank 0 timed out after 100 ms in all_gather waiting "
+                             "for rank 1"));
+}
+
 }  // namespace
 }  // namespace detlogp::testing
