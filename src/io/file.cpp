@@ -233,7 +233,7 @@ void commit_all(std::span<AtomicOutputFile* const> files) {
     bool linked = false;         // false: rename the target aside before replacing it
   };
   std::vector<Backup> backups(files.size());
-  auto remove_backups = [&] {
+  auto remove_links = [&] {
     for (const Backup& b : backups) {
       if (b.linked && !b.path.empty()) ::unlink(b.path.c_str());
     }
@@ -245,17 +245,18 @@ void commit_all(std::span<AtomicOutputFile* const> files) {
     Backup& b = backups[i];
     for (int attempt = 0; attempt < 100 && !b.linked; ++attempt) {
       b.path = sibling_name(target, ".bak-");
-      if (::link(target.c_str(), b.path.c_str()) == 0) {
+      const bool refused = injected_failure("link", target);
+      if (!refused && ::link(target.c_str(), b.path.c_str()) == 0) {
         b.linked = true;
         break;
       }
-      const int err = errno;
+      const int err = refused ? EPERM : errno;
       if (err == EEXIST) continue;
       if (err == EPERM || err == EXDEV || err == EMLINK || err == ENOTSUP || err == EOPNOTSUPP) {
         break;  // no hard links here: rename aside later
       }
       b.path.clear();
-      remove_backups();
+      remove_links();
       environment_failure(files[i]->label_,
                           err == ENOSPC ? "disk full while keeping a backup of the existing file"
                                         : "cannot keep a backup of the existing file",
@@ -303,7 +304,11 @@ void commit_all(std::span<AtomicOutputFile* const> files) {
     }
   }
   for (AtomicOutputFile* file : files) fsync_directory(directory_of(file->path_));
-  remove_backups();
+  // Every backup goes, a link or an old file renamed aside (where link() was refused): every
+  // target now holds its new file.
+  for (const Backup& b : backups) {
+    if (!b.path.empty()) ::unlink(b.path.c_str());
+  }
 }
 
 }  // namespace detlogp::io

@@ -11,8 +11,10 @@
 //
 // Testing hook: DETLOGP_TESTING_IO_FAIL=<step>:<file name> makes the given step fail for the
 // output whose file name (last path component) is <file name>: "write" fails as a full disk
-// (ENOSPC), "rename" as an I/O error (EIO) when that output is renamed into place. Tests use it
-// to check that a failure between two renames leaves the old files as they were.
+// (ENOSPC), "rename" as an I/O error (EIO) when that output is renamed into place, "link" as a
+// refused hard link (EPERM, as under protected hardlinks) when its backup is taken. Tests use it
+// to check that a failure between two renames leaves the old files as they were, and that no
+// backup outlives a commit.
 //
 // Errors: a missing file or directory, or a path that is not a regular file, is an input problem
 // (ContractError); anything else the system refuses (permissions, disk full, I/O errors) is an
@@ -80,8 +82,8 @@ class AtomicOutputFile {
 // first; then each existing target gets a hard link backup (renamed aside when the file system
 // has no hard links); then the temp files are renamed into place. If a rename fails, the
 // targets already replaced get their old files back (a target that did not exist is removed
-// again), the temp files are removed, and the error names the path that failed. The backups are
-// removed once every file is in place.
+// again), the temp files are removed, and the error names the path that failed. The backups
+// (links, or old files renamed aside) are removed once every file is in place.
 void commit_all(std::span<AtomicOutputFile* const> files);
 
 // "<dir>/.<name><suffix><16 hex>" for `target`, within NAME_MAX whatever the length of <name>.

@@ -90,6 +90,19 @@ TEST(CommitAll, RenameFailureAfterTheFirstRenameRestoresTheOldFiles) {
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
 }
 
+// Where link() is refused (protected hardlinks, no hard links), the old file is renamed aside
+// instead; a successful commit removes it like a link, a failed one puts it back.
+TEST(CommitAll, OldFilesRenamedAsideWhereLinkIsRefusedAreRemovedAfterACommit) {
+  ScratchDir dir;
+  write_file(dir / "out.safetensors", "old tensors");
+  write_file(dir / "out.json", "old provenance");
+  const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "link:out.json");
+  commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
+  EXPECT_EQ(read_file(dir / "out.safetensors"), "new tensors");
+  EXPECT_EQ(read_file(dir / "out.json"), "new provenance");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
+}
+
 TEST(CommitAll, ANewFirstFileIsRemovedAgainWhenTheSecondFails) {
   ScratchDir dir;
   write_file(dir / "out.json", "old provenance");
