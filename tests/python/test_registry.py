@@ -477,7 +477,7 @@ class SlowOp:
     def backward(self, *a, **k): pass
 
 def slow_factory():
-    time.sleep(0.5)  # lets the GIL go while the registry's lock is held
+    time.sleep(0.5)  # lets the GIL go while the other threads wait for this backend
     return SlowOp()
 
 for reg in (detlogp.Registry(), None):
@@ -502,8 +502,8 @@ print("no deadlock")
 
 
 def test_a_factory_that_lets_the_gil_go_does_not_deadlock_other_dispatching_threads(tmp_path):
-    """Factories run under the registry's lock; a thread waiting for that lock must not hold
-    the GIL the factory needs back. Run in a child process: a deadlock there is a timeout
+    """A thread waiting for a backend another thread's factory is building must not hold the
+    GIL that factory needs back. Run in a child process: a deadlock there is a timeout
     here, not a hung test run."""
     import os
     import pathlib

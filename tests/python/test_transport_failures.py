@@ -1,0 +1,58 @@
+"""What a torch.distributed transport failure says: the step of the call first, then the cause
+(a peer that closed the connection is not reported as a timeout), and the default timeout is the
+C++ one."""
+
+import pathlib
+
+import pytest
+
+from detlogp import _comm, _detlogp
+
+HERE = pathlib.Path(__file__).parent
+
+
+def test_default_timeout_is_the_cpp_constant():
+    assert _comm.DEFAULT_COLLECTIVE_TIMEOUT == _detlogp.DEFAULT_COLLECTIVE_TIMEOUT == 120.0
+
+
+@pytest.mark.parametrize("text, cause", [
+    ("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 2000ms for recv operation",
+     "all_gather timed out after 2 s on rank 0 of 2: another rank did not arrive"),
+    ("[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:57571",
+     "all_gather failed on rank 0 of 2: a peer closed the connection"),
+    ("NCCL error: unhandled system error", "all_gather failed on rank 0 of 2: the transport "
+                                          "reported an error"),
+])
+def test_failure_names_the_cause_first(text, cause):
+    cb = _comm._Callbacks(None, 0, 2, "torch.distributed:gloo", 2.0)
+    message = cb._failure("all_gather", RuntimeError(text))
+    assert message.startswith("torch.distributed:gloo " + cause), message
+    assert text in message  # the transport's own words stay, after the cause
+
+
+def test_a_peer_that_died_is_reported_as_such_with_the_step(tmp_path):
+    torch = pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+
+    import peer_exit_worker
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=peer_exit_worker.main,
+                         args=(r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} hung"
+    message = (tmp_path / "rank0.txt").read_text()
+    print(message)
+    assert message.startswith(
+        "RuntimeError: cross-rank preflight all-gather of the forward: torch.distributed:gloo "
+        "all_gather failed on rank 0 of 2: a peer closed the connection"), message
+    assert "timed out" not in message
+    del torch
