@@ -22,7 +22,9 @@ inline constexpr std::string_view kFusedForwardPhase = "fused forward";
 inline constexpr std::string_view kFusedBackwardPhase = "fused backward";
 
 struct PreflightFacts {
-  std::string_view phase;        // one of the k*Phase names (empty: a rank that only fails)
+  // One of the k*Phase names; empty for a rank that only reports its failure or has no
+  // tokens (it joins whichever call its peers make).
+  std::string_view phase;
   std::string fingerprint;       // contract.cross_rank_fingerprint()
   std::string backend_id;        // the backend actually running
   std::string numerics_version;  // kNumericsVersion of this build

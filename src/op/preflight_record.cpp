@@ -157,13 +157,19 @@ std::optional<std::string> layout_disagreement(std::span<const PreflightRecord> 
 }
 
 std::optional<std::string> phase_disagreement(std::span<const PreflightRecord> all) {
-  for (std::size_t r = 1; r < all.size(); ++r) {
-    if (get_text(all[r].phase) != get_text(all[0].phase)) {
+  // A record without a phase (a rank with no tokens, which joins whichever call its peers
+  // make) is compared by the other fields only.
+  std::optional<std::size_t> first;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (get_text(all[r].phase).empty()) continue;
+    if (!first) {
+      first = r;
+    } else if (get_text(all[r].phase) != get_text(all[*first].phase)) {
       return fmt::format(
-          "ranks are in different calls: rank 0 is in {} but rank {} is in {}; every TP rank "
+          "ranks are in different calls: rank {} is in {} but rank {} is in {}; every TP rank "
           "must make the same operator calls in the same order (forward with forward, backward "
           "with backward)",
-          get_text(all[0].phase), r, get_text(all[r].phase));
+          *first, get_text(all[*first].phase), r, get_text(all[r].phase));
     }
   }
   return std::nullopt;

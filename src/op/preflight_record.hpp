@@ -53,7 +53,8 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
 PreflightRecord encode_record(const PreflightFacts& facts);
 
 // The text after "cross-rank preflight failed: " when the ranks are in different calls (one in
-// forward, another in backward), else nullopt. Checked first.
+// forward, another in backward), else nullopt. Records without a phase are skipped. Checked
+// first.
 std::optional<std::string> phase_disagreement(std::span<const PreflightRecord> all);
 
 // The text after "cross-rank preflight failed: " when the ranks' rows layouts differ (their
