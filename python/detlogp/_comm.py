@@ -73,6 +73,10 @@ def transport_device(backend):
     return torch.device(device_type)
 
 
+class _TransportFailure(RuntimeError):
+    """A collective's failure, already worded (cause first) by ``_Callbacks._failure``."""
+
+
 # How a transport words a peer that went away (gloo: "Connection closed by peer").
 _PEER_CLOSED = ("closed by peer", "connection closed", "reset by peer", "broken pipe",
                 "connection refused", "end of file")
@@ -94,7 +98,17 @@ class _Callbacks:
         try:
             work.wait(datetime.timedelta(seconds=self.timeout))
         except RuntimeError as error:
-            raise RuntimeError(self._failure(collective, error)) from error
+            raise _TransportFailure(self._failure(collective, error)) from error
+
+    def _reported(self, collective, start):
+        """Runs ``start()`` (a collective, started and waited for); a RuntimeError the transport
+        raises while starting it (a peer already gone) is reported like one raised by the wait."""
+        try:
+            start()
+        except _TransportFailure:
+            raise
+        except RuntimeError as error:
+            raise _TransportFailure(self._failure(collective, error)) from error
 
     def _failure(self, collective, error):
         """What went wrong, cause first: a timeout (a rank did not arrive), a peer that closed
@@ -113,6 +127,9 @@ class _Callbacks:
         return f"{where} failed {rank}: the transport reported an error ({text})"
 
     def all_gather(self, send_view, recv_view, in_place):
+        self._reported("all_gather", lambda: self._all_gather(send_view, recv_view, in_place))
+
+    def _all_gather(self, send_view, recv_view, in_place):
         if self.device is not None:
             self._all_gather_on_device(send_view, recv_view)
             return
@@ -157,7 +174,8 @@ class _Callbacks:
         del send, recv
 
     def barrier(self):
-        self._wait(_dist().barrier(group=self.group, async_op=True), "barrier")
+        self._reported("barrier", lambda: self._wait(
+            _dist().barrier(group=self.group, async_op=True), "barrier"))
 
 
 def TorchDistributedComm(group=None, device="auto", timeout=None):  # noqa: N802 - a class

@@ -30,6 +30,17 @@ def test_failure_names_the_cause_first(text, cause):
     assert text in message  # the transport's own words stay, after the cause
 
 
+def test_a_failure_while_starting_the_collective_is_worded_the_same():
+    cb = _comm._Callbacks(None, 1, 2, "torch.distributed:gloo", 2.0)
+
+    def start():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="^torch.distributed:gloo barrier failed on rank 1 of "
+                                           "2: a peer closed the connection"):
+        cb._reported("barrier", start)
+
+
 def test_a_peer_that_died_is_reported_as_such_with_the_step(tmp_path):
     torch = pytest.importorskip("torch")
     import torch.multiprocessing as mp
