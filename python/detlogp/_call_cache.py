@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 from . import _detlogp
+from ._checks import check_int
 from ._comm import Communicator, TorchDistributedComm
 from ._contract import LogprobContract, MaskSpec
+from ._detlogp import LogprobContractError
 from ._op import get_logprob_op
 
 
@@ -80,6 +82,12 @@ class CallCache:
 
     def __init__(self, contracts=256, grad_buffers=2, min_pooled_bytes=1 << 20,
                  contract_bytes=64 << 20):
+        for field, value in (("contracts", contracts), ("grad_buffers", grad_buffers),
+                             ("min_pooled_bytes", min_pooled_bytes),
+                             ("contract_bytes", contract_bytes)):
+            if check_int(value, field, "non-negative") < 0:
+                raise LogprobContractError(
+                    f"{field} must be a non-negative integer (0: keep none); got {value}")
         self._lock = threading.Lock()
         self._contracts = _Lru(contracts, contract_bytes)
         self._ops = _Lru(64)

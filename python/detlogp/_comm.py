@@ -15,10 +15,29 @@ No collective waits forever: each one is started with ``async_op=True`` and wait
 ``Work.wait(timeout)``, ``timeout`` seconds (``DEFAULT_COLLECTIVE_TIMEOUT`` unless given, as the
 C++ transports). On expiry the waiting rank raises ``RuntimeError`` naming the collective, the
 rank, the group and the timeout.
+
+A rank that fails before the collectives (any exception while a call prepares) releases the
+peers waiting for it with ``fail_peers``: every entry point routes its failures through it,
+so the peers' message is worded the same whatever failed.
+
+Calls on one process group run one at a time in this process (``exclusive``): torch pairs the
+collectives of the ranks by their order on the group, so two threads whose calls interleave
+their collectives would pair a gather of one call with a gather of the other (a size mismatch
+aborts the process inside gloo). Serialising is not enough: nothing tells the ranks which
+thread's call came first on each of them, and a call paired with the other thread's call on
+a peer would compute with the wrong shard. So a call that finds another call of its group in
+flight is refused, and the one in flight fails too: every collective carries one byte saying
+whether this rank saw such an overlap, so every rank of the group raises at the same
+collective, and a call whose last collective had passed raises on its own rank.
 """
 
+import contextlib
 import datetime
 import math
+import threading
+import weakref
+
+import numpy as np
 
 from . import _detlogp
 from ._detlogp import LogprobContractError
@@ -82,17 +101,156 @@ _PEER_CLOSED = ("closed by peer", "connection closed", "reset by peer", "broken 
                 "connection refused", "end of file")
 
 
+class _CallGuard:
+    """The calls of one process group in this process: one at a time, overlaps remembered.
+
+    ``overlap``: a call arrived while another was in flight (or is waiting now); the call in
+    flight sends it with each collective and fails, and so does every peer with it. The
+    thread that holds the guard may enter again (a step of its own call, such as releasing
+    its peers): that is no overlap."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._owner = None  # the thread in a call, or None
+        self._depth = 0
+        self._waiting = 0
+        self.overlap = False
+
+    def enter(self, refuse):
+        """Takes the group; False (taking nothing) where another thread's call is in flight
+        and ``refuse``."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._owner is not None:
+                self.overlap = True
+                if refuse:
+                    return False
+                self._waiting += 1
+                while self._owner is not None:
+                    self._cond.wait()
+                self._waiting -= 1
+            else:
+                self.overlap = self._waiting > 0
+            self._owner, self._depth = me, 1
+            return True
+
+    def leave(self):
+        """Releases the group (its outermost entry); True where a call of another thread
+        overlapped the one that held it."""
+        with self._cond:
+            seen = self.overlap or self._waiting > 0
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify()
+            return seen
+
+
+_GUARDS_LOCK = threading.Lock()
+_GUARD_OF_GROUP = weakref.WeakKeyDictionary()  # process group -> its _CallGuard
+_GUARD_OF_GROUP_ID = {}  # id -> (group, guard) for groups that take no weak reference
+_GUARD_OF_COMM = weakref.WeakKeyDictionary()  # TorchDistributedComm -> its group's guard
+
+
+def _guard_of_group(group):
+    with _GUARDS_LOCK:
+        try:
+            guard = _GUARD_OF_GROUP.get(group)
+            if guard is None:
+                guard = _GUARD_OF_GROUP[group] = _CallGuard()
+        except TypeError:  # not weak-referenceable: kept by identity
+            guard = _GUARD_OF_GROUP_ID.setdefault(id(group), (group, _CallGuard()))[1]
+        return guard
+
+
+def _guard_of_comm(comm):
+    try:
+        return _GUARD_OF_COMM.get(comm)
+    except TypeError:  # not weak-referenceable: not a TorchDistributedComm
+        return None
+
+
+def _overlap_message(name, rank):
+    return (f"two detlogp calls on one process group ({name}) overlapped on rank {rank}: "
+            "another thread started a call on the group while one was in flight. The ranks "
+            "cannot agree which call pairs with which, so both fail on every rank. Run the "
+            "calls on a group one after another, in the same order on every rank, or give "
+            "each thread its own group (torch.distributed.new_group)")
+
+
+@contextlib.contextmanager
+def exclusive(comm):
+    """Runs the body (one call's whole collective sequence) as the only call of ``comm``'s
+    process group in this process. A call that finds another one in flight fails its peers
+    and raises ``RuntimeError``; the call in flight raises too (at its next collective on
+    every rank, or at the end on this one). Nothing for communicators other than
+    ``TorchDistributedComm``."""
+    guard = None if comm is None else _guard_of_comm(comm)
+    if guard is None:
+        yield
+        return
+    if not guard.enter(refuse=True):
+        error = RuntimeError(_overlap_message(comm.name, comm.rank))
+        fail_peers(comm, error)
+        raise error
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        seen = guard.leave()
+    if seen and not failed:
+        raise RuntimeError(_overlap_message(comm.name, comm.rank))
+
+
+def fail_peers(group, error):
+    """This rank's call failed before the collectives (a check, or any other exception while
+    it prepared): join the preflight the other ranks of its group are waiting in, so that every
+    one of them raises "cross-rank preflight failed: rank R failed local validation: <type>:
+    <message>" at once instead of waiting for a collective timeout. ``group``: None (nobody to
+    release), a detlogp Communicator or a torch.distributed process group. Returns; the caller
+    re-raises its own exception. The one place that words the peers' message."""
+    if group is None:
+        return
+    try:
+        comm = group if isinstance(group, Communicator) else TorchDistributedComm(group)
+    except Exception:  # noqa: BLE001 - no usable group: nobody can be waiting in it
+        return
+    if comm.size < 2:
+        return
+    guard = _guard_of_comm(comm)
+    if guard is not None:
+        guard.enter(refuse=False)  # never interleaved with another call's collectives
+    try:
+        _detlogp.fail_preflight(comm, f"{type(error).__name__}: {error}")
+    except Exception:  # noqa: BLE001 - it always raises; the original error is what counts
+        pass
+    finally:
+        if guard is not None:
+            guard.leave()
+
+
 class _Callbacks:
     """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
-    two bound methods). ``device``: None for CPU tensors, else where the bytes travel."""
+    two bound methods). ``device``: None for CPU tensors, else where the bytes travel;
+    ``guard``: the group's _CallGuard."""
 
-    def __init__(self, group, rank, size, name, timeout, device=None):
+    def __init__(self, group, rank, size, name, timeout, device=None, guard=None):
         self.group = group
         self.rank = rank
         self.size = size
         self.name = name
         self.timeout = timeout
         self.device = device
+        self.guard = guard
+        # The tensors (and Work) of the last collective, released at the start of the next one
+        # on this thread: gloo's worker thread drops its own references to them just after
+        # the wait returns, and must not be the one that frees Python objects (that takes the
+        # GIL on the worker thread, where a garbage collection could run finalizers).
+        self._last = None
 
     def _wait(self, work, collective):
         try:
@@ -130,52 +288,52 @@ class _Callbacks:
         self._reported("all_gather", lambda: self._all_gather(send_view, recv_view, in_place))
 
     def _all_gather(self, send_view, recv_view, in_place):
-        if self.device is not None:
-            self._all_gather_on_device(send_view, recv_view)
-            return
+        """Gathers one byte more per rank than asked: byte 0 says whether the rank saw two
+        calls of the group overlap (then every rank raises here). The send bytes are copied
+        first, so ``in_place`` (send is this rank's block of recv) needs nothing more. Zero
+        bytes still synchronise (gloo cannot gather empty tensors; the flag is never empty).
+        On a backend without CPU collectives the bytes travel through device tensors; a list
+        of views into one tensor suits NCCL and gloo alike (gloo of torch 1.13 has no
+        all_gather_into_tensor), so the CPU tests exercise that path too."""
         import torch
 
         dist = _dist()
         n = len(send_view)
-        if n == 0:
-            # Zero bytes still synchronise, like every collective; gloo cannot all-gather
-            # empty tensors (it divides by the size), so gather one dummy byte instead.
-            outs = [torch.empty(1, dtype=torch.uint8) for _ in range(self.size)]
-            work = dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group,
-                                   async_op=True)
-            self._wait(work, "all_gather")
-            return
-        send = torch.frombuffer(send_view, dtype=torch.uint8)
-        if in_place:  # send is our own block of recv: gather from a private copy
-            send = send.clone()
-        recv = torch.frombuffer(recv_view, dtype=torch.uint8)
-        outs = list(recv.split(n))  # views into recv, in rank order
+        m = n + 1
+        # NumPy for the small bookkeeping: a few microseconds where torch ops cost tens.
+        send_np = np.empty(m, dtype=np.uint8)
+        send_np[0] = 1 if self.guard is not None and self.guard.overlap else 0
+        send_np[1:] = np.frombuffer(send_view, dtype=np.uint8)
+        send = torch.from_numpy(send_np)
+        if self.device is None:
+            recv_np = np.empty(self.size * m, dtype=np.uint8)
+            recv = torch.from_numpy(recv_np)
+        else:
+            send = send.to(self.device)
+            recv = torch.empty(self.size * m, dtype=torch.uint8, device=self.device)
+        self._last = None
+        outs = list(recv.split(m))
         work = dist.all_gather(outs, send, group=self.group, async_op=True)
+        self._last = (work, outs, send, recv)
         self._wait(work, "all_gather")
-        del outs, recv, send
-
-    def _all_gather_on_device(self, send_view, recv_view):
-        """The same gather through device tensors (backends without CPU collectives)."""
-        import torch
-
-        dist = _dist()
-        n = len(send_view)
-        m = max(n, 1)  # zero bytes still synchronise: gather one dummy byte
-        send = torch.zeros(m, dtype=torch.uint8, device=self.device)
+        if self.device is not None:
+            recv_np = recv.cpu().numpy()  # synchronizes
+        flags = recv_np[::m].tobytes()
+        if any(flags):
+            first = next(r for r, f in enumerate(flags) if f)
+            raise _TransportFailure(_overlap_message(self.name, first))
         if n:
-            send.copy_(torch.frombuffer(send_view, dtype=torch.uint8))
-        recv = torch.empty(m * self.size, dtype=torch.uint8, device=self.device)
-        # A list of views into one tensor: NCCL and gloo both take it (gloo of torch 1.13 has
-        # no all_gather_into_tensor), so the device path is exercised by the CPU tests too.
-        work = dist.all_gather(list(recv.split(m)), send, group=self.group, async_op=True)
-        self._wait(work, "all_gather")
-        if n:
-            torch.frombuffer(recv_view, dtype=torch.uint8).copy_(recv)  # synchronizes
-        del send, recv
+            blocks = recv_np.reshape(self.size, m)
+            np.frombuffer(recv_view, dtype=np.uint8).reshape(self.size, n)[:] = blocks[:, 1:]
 
     def barrier(self):
-        self._reported("barrier", lambda: self._wait(
-            _dist().barrier(group=self.group, async_op=True), "barrier"))
+        self._reported("barrier", self._barrier)
+
+    def _barrier(self):
+        self._last = None
+        work = _dist().barrier(group=self.group, async_op=True)
+        self._last = work
+        self._wait(work, "barrier")
 
 
 def TorchDistributedComm(group=None, device="auto", timeout=None):  # noqa: N802 - a class
@@ -203,9 +361,13 @@ def TorchDistributedComm(group=None, device="auto", timeout=None):  # noqa: N802
     size = dist.get_world_size(group)
     backend = dist.get_backend(group)
     name = f"torch.distributed:{backend}"
+    guard = _guard_of_group(group)
     cb = _Callbacks(group, rank, size, name, timeout,
-                    transport_device(backend) if device == "auto" else device)
-    return _detlogp.CallbackComm(rank, size, name, cb.all_gather, cb.barrier)
+                    transport_device(backend) if device == "auto" else device, guard)
+    comm = _detlogp.CallbackComm(rank, size, name, cb.all_gather, cb.barrier)
+    with _GUARDS_LOCK:
+        _GUARD_OF_COMM[comm] = guard
+    return comm
 
 
 def communicator_for(group, tp_world_size):

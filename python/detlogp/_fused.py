@@ -15,12 +15,13 @@ import numpy as np
 
 from . import _detlogp
 from ._checks import check_bool, check_int
-from ._comm import communicator_for
+from ._comm import communicator_for, exclusive, fail_peers
 from ._contract import LogprobContract, MaskSpec, ShardingSpec
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
-from ._op import (_fail_with_group, _grad_array, _is_tensor, _logits_view, _targets, _torch,
+from ._op import (_grad_array, _is_tensor, _logits_view, _targets, _threads, _torch,
                   rejoin_on_layout)
+from ._storage import check_stamp, stamp
 
 __all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
 
@@ -53,6 +54,22 @@ def linear_logits(hidden, weight, *, threads=0, kernel=""):
     return out
 
 
+def _check_mixed_grad(hidden, weight):
+    """A NumPy array next to a torch tensor that requires grad: autograd could not reach the
+    tensor through the NumPy side, and its gradient would silently never be set."""
+    torch = _torch()
+    if torch is None or not torch.is_grad_enabled():
+        return
+    for name, x, other_name, other in (("weight", weight, "hidden", hidden),
+                                       ("hidden", hidden, "weight", weight)):
+        if _is_tensor(x) and x.requires_grad and not _is_tensor(other):
+            raise LogprobContractError(
+                f"{name} is a torch tensor that requires grad but {other_name} is a NumPy "
+                f"array: its gradient would never be set. Pass {other_name} as a torch tensor "
+                f"(torch.from_numpy({other_name}), no copy), or {name}.detach() if no gradient "
+                "is wanted")
+
+
 def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_width,
                       temperature, ignore_index):
     """A train contract for even shards of weight rows: padded vocab = local rows x TP, active
@@ -79,7 +96,8 @@ def _no_tokens(hidden, weight, comm, entropy):
     if comm is not None and comm.size > 1:
         def call():
             _detlogp.preflight_no_tokens(comm)
-        rejoin_on_layout(call, call)
+        with exclusive(comm):
+            rejoin_on_layout(call, call)
     n = 3 if entropy else 2
     if not _is_tensor(hidden):
         return tuple(np.zeros(0, dtype=np.float32) for _ in range(n))
@@ -123,10 +141,11 @@ def _make_function():
         """(hidden, weight) -> (logp, lse[, entropy]); backward: the C++ fused backward."""
 
         @staticmethod
-        def forward(ctx, hidden, weight, run):
+        def forward(ctx, hidden, weight, run, comm):
             handle = run(hidden, weight)
-            ctx.handle = handle
+            ctx.handle, ctx.comm = handle, comm
             ctx.save_for_backward(hidden, weight)  # keeps them alive; detects in-place changes
+            ctx.stamps = stamp(hidden), stamp(weight)  # detects freed storage (_storage.py)
             ctx.set_materialize_grads(False)
             outs = [torch.from_numpy(handle.logp), torch.from_numpy(handle.lse)]
             if handle.entropy is not None:
@@ -139,15 +158,18 @@ def _make_function():
             hidden, weight = ctx.saved_tensors
             want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
             if grad_logp is None and grad_lse is None and grad_entropy is None:
-                return None, None, None
+                return None, None, None, None
+            check_stamp(hidden, ctx.stamps[0], "hidden")
+            check_stamp(weight, ctx.stamps[1], "weight")
             gh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if want_h else None
             gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if want_w else None
-            ctx.handle.backward(
-                grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
-                grad_entropy=_grad_array(grad_entropy),
-                grad_hidden=None if gh is None else _view(gh, "grad_hidden"),
-                grad_weight=None if gw is None else _view(gw, "grad_weight"))
-            return gh, gw, None
+            with exclusive(ctx.comm):  # backward exchanges grad_hidden partials
+                ctx.handle.backward(
+                    grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
+                    grad_entropy=_grad_array(grad_entropy),
+                    grad_hidden=None if gh is None else _view(gh, "grad_hidden"),
+                    grad_weight=None if gw is None else _view(gw, "grad_weight"))
+            return gh, gw, None, None
 
     return FusedFunction
 
@@ -187,11 +209,12 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     try:
         check_bool(entropy, "entropy")
         check_bool(validate, "validate")
-        threads = check_int(threads, "threads", "non-negative")
+        threads = _threads(threads, hidden)
         if not isinstance(kernel, str):
             raise LogprobContractError(f"kernel must be a string; got {type(kernel).__name__}")
         hv = _view(hidden, "hidden")
         wv = _view(weight, "weight")
+        _check_mixed_grad(hidden, weight)
         tg = _targets(targets)
         no_tokens = hv[2] == 0 and len(tg) == 0 and contract is None
         if contract is None:
@@ -203,22 +226,23 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
             raise LogprobContractError("contract must be a LogprobContract")
         if not no_tokens:
             comm = communicator_for(group, contract.sharding.tp_world_size)
-    except LogprobContractError as error:
-        _fail_with_group(group, error)
+    except Exception as error:  # any exception, not only contract errors: fail the peers too
+        fail_peers(group, error)
         raise
     if no_tokens:
         return _no_tokens(hidden, weight, comm, entropy)
 
     def run(h, w):
-        return _detlogp.fused_forward(
-            hidden=_view(h, "hidden"), weight=_view(w, "weight"), owners=(h, w), targets=tg,
-            contract=contract._cpp, comm=comm, entropy=entropy, validate=validate,
-            threads=threads, kernel=kernel)
+        with exclusive(comm):
+            return _detlogp.fused_forward(
+                hidden=_view(h, "hidden"), weight=_view(w, "weight"), owners=(h, w),
+                targets=tg, contract=contract._cpp, comm=comm, entropy=entropy,
+                validate=validate, threads=threads, kernel=kernel)
 
     torch = _torch() if _is_tensor(hidden) else None
     if (torch is not None and torch.is_grad_enabled()
             and (hidden.requires_grad or (_is_tensor(weight) and weight.requires_grad))):
-        return _function().apply(hidden, weight, run)
+        return _function().apply(hidden, weight, run, comm)
     if torch is not None:
         hidden = hidden.detach()
         weight = weight.detach() if _is_tensor(weight) else weight

@@ -25,9 +25,10 @@ import numpy as np
 
 from . import _detlogp
 from ._checks import check_bool, check_int
-from ._comm import TorchDistributedComm, communicator_for
+from ._comm import communicator_for, exclusive, fail_peers
 from ._contract import LogprobBackendCapability, LogprobContract
 from ._detlogp import LogprobContractError
+from ._storage import check_stamp, stamp
 
 __all__ = ["LogprobOp", "LogprobForward", "LogprobDispatchResult", "get_logprob_op",
            "cuda_status"]
@@ -178,15 +179,17 @@ class LogprobForward:
     """The outputs of one forward (``logp``, ``lse``, ``entropy`` or None; torch tensors for
     torch input, NumPy arrays for NumPy input) and ``backward()`` for this rank's shard.
 
-    Holds a reference to the logits: they must stay unchanged until backward is done.
+    Holds a reference to the logits: they must stay unchanged until backward is done, and
+    their storage allocated where it was (checked: detlogp/_storage.py).
     """
 
-    __slots__ = ("_handle", "_logits", "_torch_out", "platform", "backend_id", "logp", "lse",
-                 "entropy")
+    __slots__ = ("_handle", "_logits", "_stamp", "_torch_out", "platform", "backend_id", "logp",
+                 "lse", "entropy")
 
     def __init__(self, handle, logits, platform="cpu", backend_id=None):
         self._handle = handle
         self._logits = logits
+        self._stamp = stamp(logits)
         self._torch_out = _is_tensor(logits)
         self.platform = platform  # "cpu" or "cuda": where it ran
         self.backend_id = backend_id  # the backend that ran
@@ -221,6 +224,7 @@ class LogprobForward:
         torch tensor may reuse the memory of an earlier gradient that nothing refers to any
         more), or writes into ``out``, which must have that shape and dtype. No collective."""
         x = self._logits
+        check_stamp(x, self._stamp, "the logits")
         if out is None:
             if self._torch_out:
                 # A pooled buffer where one is free (no page faults on first touch), else a
@@ -250,28 +254,6 @@ class LogprobForward:
             self._handle.backward(**grads, out_ptr=address, out_dtype=dtype, out_rows=rows,
                                   out_cols=cols, out_row_stride=row_stride)
         return out
-
-
-def _fail_with_group(group, error):
-    """A rank whose call failed before the collective (a Python-side check, or any other
-    exception while preparing) joins the preflight the other ranks of its group are waiting
-    in, so that every rank raises instead of waiting for this one: they raise "cross-rank
-    preflight failed: rank R failed local validation: <message>" (the message is prefixed with
-    the exception type unless it is a LogprobContractError). Returns; the caller re-raises."""
-    if group is None:
-        return
-    try:
-        comm = group if isinstance(group, _detlogp.Communicator) else TorchDistributedComm(group)
-    except Exception:  # no usable group: nobody can be waiting in it
-        return
-    if comm.size < 2:
-        return
-    message = str(error) if isinstance(error, LogprobContractError) else \
-        f"{type(error).__name__}: {error}"
-    try:
-        _detlogp.fail_preflight(comm, message)
-    except LogprobContractError:  # it always raises; the original error is what counts
-        pass
 
 
 def is_layout_disagreement(error):
@@ -421,7 +403,7 @@ class LogprobOp:
                     targets=targets, contract=contract._cpp, deterministic=deterministic)
                 raise
         except Exception as error:
-            _fail_with_group(group, error)
+            fail_peers(group, error)
             raise
         def call():
             with _on_device(local_logits):
@@ -431,7 +413,8 @@ class LogprobOp:
                     deterministic=deterministic, validate=validate, entropy=entropy,
                     threads=threads, entropy_grad=entropy_grad, rows_layout=rows_layout)
 
-        handle = call() if rows_layout else rejoin_on_layout(call, call)
+        with exclusive(comm):  # both preflights of a rejoin, too
+            handle = call() if rows_layout else rejoin_on_layout(call, call)
         return LogprobForward(handle, local_logits, platform, backend_id)
 
     def __call__(self, local_logits, target_ids, *, contract, group=None, deterministic=True,
@@ -445,7 +428,7 @@ class LogprobOp:
             _check_call(contract, deterministic, validate, entropy, entropy_grad)
             threads = _threads(threads, local_logits)
         except Exception as error:
-            _fail_with_group(group, error)
+            fail_peers(group, error)
             raise
         torch = _torch() if _is_tensor(local_logits) else None
         if torch is not None and local_logits.requires_grad and torch.is_grad_enabled():

@@ -20,6 +20,7 @@ from torch.autograd.function import once_differentiable
 from detlogp import _detlogp
 from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
 from detlogp._checks import check_bool, check_int
+from detlogp._comm import exclusive, fail_peers
 from detlogp._contract import ReductionSpec, ShardingSpec, _temperature
 from detlogp._detlogp import LogprobContractError
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
@@ -67,17 +68,18 @@ class _Prepared:
         token order: a rank whose rows are not copies its logits (``in_token_order``)."""
         if not self.cover.layout:
             return self._forward(entropy, entropy_grad)
-        try:
-            return self._forward(entropy, entropy_grad)
-        except LogprobContractError as error:
-            if not is_layout_disagreement(error):
+        with exclusive(self.comm):  # both preflights, as one call of the group
+            try:
+                return self._forward(entropy, entropy_grad)
+            except LogprobContractError as error:
+                if not is_layout_disagreement(error):
+                    raise
+            try:
+                _bind(self, in_token_order(self.cover))
+            except Exception as error:
+                fail_peers(self.comm, error)
                 raise
-        try:
-            _bind(self, in_token_order(self.cover))
-        except Exception as error:
-            _fail_peers(self.comm, error)
-            raise
-        return self._forward(entropy, entropy_grad)
+            return self._forward(entropy, entropy_grad)
 
     def no_tokens(self):
         """A call without tokens: at TP > 1 it joins its peers' preflight with zero rows (they
@@ -85,7 +87,8 @@ class _Prepared:
         if self.comm is not None and self.comm.size > 1:
             def call():
                 _detlogp.preflight_no_tokens(self.comm)
-            rejoin_on_layout(call, call)
+            with exclusive(self.comm):
+                rejoin_on_layout(call, call)
 
 
 def _bounds(vocab_start, cols, tp, rank):
@@ -261,19 +264,6 @@ def _bind(p, cover):
     p.targets = row_targets.numpy()
 
 
-def _fail_peers(comm, error):
-    """This rank failed before the collective: the other ranks of its group are (or soon will
-    be) waiting in the preflight. Join it with the error, so that every rank raises
-    "cross-rank preflight failed: rank R failed local validation: <type>: <message>" at once
-    instead of waiting for a timeout. The caller then re-raises the original exception."""
-    if comm is None or comm.size < 2:
-        return
-    try:
-        _detlogp.fail_preflight(comm, f"{type(error).__name__}: {error}")
-    except Exception:  # noqa: BLE001 - it always raises; the original error is what counts
-        pass
-
-
 def _no_outputs(prep, entropy):
     """The outputs of a call without tokens (after the peers agreed that none has any)."""
     prep.no_tokens()
@@ -332,6 +322,38 @@ class _LogprobsFunction(torch.autograd.Function):
         return grad, None, None, None
 
 
+def _python_backend_outputs(dispatch, logits, prep, group, entropy, entropy_grad):
+    """A backend defined in Python (docs/python.md, "Registering backends from Python") is
+    called on the operator's 2-D view of the logits as ``forward(view, target_ids,
+    contract=contract, group=group)`` (plus ``entropy=True`` when asked) and returns ``(logp,
+    lse)`` or ``(logp, lse, entropy)``: tensors of one value per row. Its own autograd graph
+    carries the gradient back to the logits; detlogp never calls its ``backward``."""
+    c = prep.cover
+    if c.copy:
+        view = logits.contiguous().view(c.rows, c.cols)
+    else:  # cover_view without the detach: the same memory, attached to autograd
+        view = torch.as_strided(logits, (c.rows, c.cols), (c.row_stride, 1),
+                                logits.storage_offset())
+    kwargs = {"contract": prep.contract, "group": group}
+    if entropy:
+        kwargs["entropy"] = True
+    out = dispatch.op.forward(view, torch.from_numpy(prep.targets), **kwargs)
+    want = 3 if entropy else 2
+    if not (isinstance(out, (tuple, list)) and len(out) == want
+            and all(isinstance(o, torch.Tensor) and tuple(o.shape) == (c.rows,) for o in out)):
+        got = [tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
+               for o in (out if isinstance(out, (tuple, list)) else [out])]
+        raise RuntimeError(
+            f"backend {dispatch.actual_backend} (defined in Python) returned {got} from "
+            f"forward; detlogp.torch expects {want} tensors of shape ({c.rows},): logp, lse"
+            + (", entropy" if entropy else ""))
+    logp = from_rows(out[0].float(), c)
+    if not entropy:
+        return (logp,)
+    ent = out[2].float()
+    return logp, from_rows(ent if entropy_grad else ent.detach(), c)
+
+
 def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, loss_mask=None,
                             ignore_index=-100, temperature=1.0, entropy=False,
                             deterministic=True, vocab_start=None, threads=None,
@@ -361,7 +383,8 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
     """
     cache = DEFAULT_CACHE if cache is None else cache
-    comm = cache.communicator(resolve_group(group, "vocab_parallel_logprobs"))
+    group = resolve_group(group, "vocab_parallel_logprobs")
+    comm = cache.communicator(group)
     try:
         check_bool(entropy, "entropy")
         check_bool(entropy_grad, "entropy_grad")
@@ -371,9 +394,12 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                         temperature=temperature, deterministic=deterministic,
                         vocab_start=vocab_start, threads=threads, tile_width=tile_width)
     except Exception as error:
-        _fail_peers(comm, error)
+        fail_peers(comm, error)
         raise
-    if logits.requires_grad and torch.is_grad_enabled():
+    if not prep.empty and not isinstance(prep.dispatch.op, LogprobOp):  # defined in Python
+        outputs = _python_backend_outputs(prep.dispatch, logits, prep, group, entropy,
+                                          entropy_grad)
+    elif logits.requires_grad and torch.is_grad_enabled():
         outputs = _LogprobsFunction.apply(logits, prep, entropy, entropy_grad)
         if not isinstance(outputs, tuple):
             outputs = (outputs,)

@@ -118,3 +118,32 @@ def test_the_functional_torch_api_re_exports_the_fused_op():
     import detlogp.torch as dt
     assert dt.fused_linear_logprobs is detlogp.fused_linear_logprobs
     assert dt.linear_logits is detlogp.linear_logits
+
+
+@pytest.mark.parametrize("threads", [-1, 4097])
+def test_a_thread_count_out_of_range_is_refused(threads):
+    hidden, weight, targets = make("fp32", 8)
+    with pytest.raises(detlogp.LogprobContractError,
+                       match=rf"threads must be 0 \(all hardware threads\) or a count up to "
+                             rf"4096; got {threads}"):
+        detlogp.fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL, threads=threads)
+
+
+@pytest.mark.parametrize("grad_on", ["weight", "hidden"])
+def test_numpy_next_to_a_tensor_that_requires_grad_is_refused(grad_on):
+    hidden, weight, targets = make("fp32", 9)
+    if grad_on == "weight":
+        hidden, weight = hidden.numpy(), weight.requires_grad_()
+        other = "hidden"
+    else:
+        hidden, weight = hidden.requires_grad_(), weight.numpy()
+        other = "weight"
+    with pytest.raises(detlogp.LogprobContractError,
+                       match=rf"{grad_on} is a torch tensor that requires grad but {other} is a "
+                             rf"NumPy array: its gradient would never be set. Pass {other} as a "
+                             rf"torch tensor \(torch.from_numpy\({other}\)"):
+        detlogp.fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL)
+    # Without a gradient to lose (no_grad), the mix still runs.
+    with torch.no_grad():
+        logp, _ = detlogp.fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL)
+    assert np.isfinite(np.asarray(logp)).all()

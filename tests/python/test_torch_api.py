@@ -298,7 +298,8 @@ def test_nccl_group_gathers_device_tensors(monkeypatch):
     def fake_all_gather(outs, send, group=None, async_op=False):
         calls.append(("all_gather", send.device.type, len(outs)))
         for k, o in enumerate(outs):
-            o.copy_(send + k)
+            o.copy_(send)
+            o[1:] += k  # the payload; byte 0 is the transport's own (no overlap seen)
         return Done() if async_op else None
 
     monkeypatch.setattr(dist, "all_gather", fake_all_gather)
@@ -336,3 +337,13 @@ def test_one_token_and_many_leading_dims(spy):
                                   entropy=False, grad_weights=(torch.ones(18),))
     assert_bitwise(got.reshape(-1), rlogp)
     assert_bitwise(leaf.grad[:, :, :-1].reshape(-1, V), rgrad)
+
+
+@pytest.mark.parametrize("field", ["contracts", "grad_buffers", "min_pooled_bytes"])
+def test_call_cache_sizes_must_be_non_negative(field):
+    with pytest.raises(detlogp.LogprobContractError,
+                       match=rf"{field} must be a non-negative integer \(0: keep none\); got -1"):
+        dt.CallCache(**{field: -1})
+    with pytest.raises(detlogp.LogprobContractError, match=f"{field} must be a non-negative integer"):
+        dt.CallCache(**{field: 1.5})
+    assert dt.CallCache(**{field: 0}) is not None

@@ -1,0 +1,74 @@
+"""Any exception on one rank while a call prepares fails every rank of the group within
+seconds, with one wording on every entry point ("rank R failed local validation: <type>:
+<message>"): the fused lm_head (targets on `meta`, sparse targets, a bad thread count, with
+and without autograd), detlogp.torch and the contract API. Two spawned gloo ranks, under a
+timeout (a hang fails the test instead of blocking it)."""
+
+import os
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = pathlib.Path(__file__).parent
+TIMEOUT_S = 150
+FAIL_FAST_S = 20  # far below any collective timeout: nobody waited for a peer
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    import fail_together_worker
+
+    tmp = tmp_path_factory.mktemp("fail_together")
+    ctx = mp.get_context("spawn")
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        procs = [ctx.Process(target=fail_together_worker.main,
+                             args=(r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    for p in procs:
+        p.join(TIMEOUT_S)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
+    out = []
+    for r in range(2):
+        res = torch.load(tmp / f"rank{r}.pt")
+        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
+        out.append(res)
+    return out
+
+
+@pytest.mark.parametrize("case,own", [
+    ("fused meta targets", "NotImplementedError: "),
+    ("fused sparse targets", "TypeError: "),
+    ("fused threads=-1", "LogprobContractError: threads must be 0 (all hardware threads)"),
+    ("fused grad, meta targets", "NotImplementedError: "),
+    ("torch API meta targets", "NotImplementedError: "),
+    ("op sparse targets", "TypeError: "),
+])
+def test_an_exception_on_one_rank_fails_the_other_fast(ranks, case, own):
+    failing, peer = ranks[1][case], ranks[0][case]
+    assert failing["message"].startswith(own), failing  # its own exception
+    assert peer["seconds"] < FAIL_FAST_S, peer
+    # The peer's message: the preflight's, then the failing rank's type and message as is.
+    assert peer["message"] == ("LogprobContractError: cross-rank preflight failed: rank 1 "
+                               "failed local validation: " + failing["message"]), peer
+
+
+def test_the_group_still_works_after_the_failures(ranks):
+    assert torch.equal(ranks[0]["fused after failures"], ranks[1]["fused after failures"])
