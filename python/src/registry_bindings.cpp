@@ -95,6 +95,15 @@ class PyBackendOp final : public LogprobOp {
   std::string kernel_;
 };
 
+// A BaseException that is not an Exception (KeyboardInterrupt, SystemExit) raised by a factory:
+// not a load failure but the interpreter stopping. It crosses the C++ registry, which records any
+// std::exception from a factory as a load failure, as a type that is no std::exception (the
+// registry's locks unwind as usual, nothing is recorded) and is raised again in Python by the
+// translator registered in bind_registry.
+struct PythonInterrupt {
+  py::error_already_set error;
+};
+
 std::string attr_or(const py::object& obj, const char* name, const std::string& fallback) {
   if (!py::hasattr(obj, name)) return fallback;
   py::object v = obj.attr(name);
@@ -104,7 +113,8 @@ std::string attr_or(const py::object& obj, const char* name, const std::string& 
 
 // A Backend whose factory calls `factory()` (with the GIL). It may return a C++ LogprobOp (a
 // backend of this library), or any Python object with forward/backward (a Python backend);
-// None or an exception counts as a load failure, which the registry records and never retries.
+// None or an exception counts as a load failure, which the registry records and never retries;
+// KeyboardInterrupt and SystemExit propagate (PythonInterrupt).
 Backend python_backend(const std::string& name, py::object factory) {
   if (!PyCallable_Check(factory.ptr())) {
     throw detlogp::ContractError("backend factory for " + name +
@@ -116,7 +126,8 @@ Backend python_backend(const std::string& name, py::object factory) {
                    py::object made;
                    try {
                      made = ref->get()();
-                   } catch (py::error_already_set&) {
+                   } catch (py::error_already_set& e) {
+                     if (!e.matches(PyExc_Exception)) throw PythonInterrupt{std::move(e)};
                      return nullptr;  // load failure: recorded by the registry
                    }
                    if (made.is_none()) return nullptr;
@@ -144,6 +155,13 @@ std::shared_ptr<Registry> global_registry() {
 namespace detlogp_python {
 
 void bind_registry(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (PythonInterrupt& interrupt) {
+      interrupt.error.restore();
+    }
+  });
   py::class_<Backend>(m, "Backend")
       .def(py::init(&python_backend), py::arg("name"), py::arg("factory"))
       .def_static("cpu", &detlogp::cpu_backend, py::kw_only(), py::arg("name"),

@@ -515,3 +515,73 @@ def test_a_factory_that_lets_the_gil_go_does_not_deadlock_other_dispatching_thre
     proc = subprocess.run([sys.executable, "-c", GIL_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "no deadlock" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_in_a_factory_propagates_and_is_not_a_load_failure(stop):
+    calls = []
+
+    def factory():
+        calls.append(1)
+        if len(calls) == 1:
+            raise stop()
+        return TorchLogSoftmaxOp()
+
+    r = Registry()
+    r.register_logprob_backend(Backend("PY_LOG_SOFTMAX", factory), py_cap())
+    with pytest.raises(stop):
+        r.get_logprob_op(py_contract())
+    assert not r.failed_to_load("PY_LOG_SOFTMAX")
+    d = r.get_logprob_op(py_contract())  # not blacklisted: the factory runs again and serves
+    assert d.actual_backend == "py-log-softmax" and len(calls) == 2
+
+
+TORCH_API_PY_BACKEND_SCRIPT = r"""
+import torch
+import detlogp
+import detlogp.torch as dt
+from test_registry import DTYPES, ROLES, TorchLogSoftmaxOp
+
+made = []
+def factory():
+    made.append(TorchLogSoftmaxOp())
+    return made[-1]
+
+# Registered on the default registry, as docs/python.md shows: detlogp.torch dispatches to it.
+cap = detlogp.LogprobBackendCapability(
+    backend_id=TorchLogSoftmaxOp.backend_id, roles=ROLES, dtypes=DTYPES, tp_world_sizes=(1,),
+    supports_vocab_padding=True, mask_modes=("explicit_active_mask", "ignore_index"),
+    exports_vocab_lse=True, determinism_scopes=("fixed_topology",),
+    implementation_kind="production", reduction_orders=("canonical_tile_tree",))
+detlogp.register_logprob_backend(detlogp.Backend("PY_LOG_SOFTMAX", factory), cap,
+                                 prepend=True)
+g = torch.Generator().manual_seed(0)
+full = torch.randn(2, 7, 40, generator=g)
+ids = torch.randint(0, 33, (2, 7), generator=g)
+ids[0, 2] = -100
+x = full.clone().requires_grad_()
+logp = dt.vocab_parallel_logprobs(x[:, :-1], ids[:, 1:], real_vocab=33, deterministic=False)
+assert made and made[0].calls == 1, "the Python backend was not called"
+ref_x = full.clone().requires_grad_()
+ref = torch.log_softmax(ref_x[:, :-1, :33], -1).gather(-1, ids[:, 1:].clamp(min=0)[..., None])[..., 0]
+ref = torch.where(ids[:, 1:] == -100, torch.zeros_like(ref), ref)
+assert logp.shape == (2, 6) and torch.allclose(logp, ref, atol=1e-5), (logp, ref)
+logp.sum().backward()
+ref.sum().backward()
+assert torch.allclose(x.grad, ref_x.grad, atol=1e-5)
+print("python backend served detlogp.torch")
+"""
+
+
+def test_detlogp_torch_calls_a_python_backend_on_the_default_registry():
+    """Child process: the default registry is process-wide."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).parent)] + [p for p in sys.path if p]))
+    proc = subprocess.run([sys.executable, "-c", TORCH_API_PY_BACKEND_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "served" in proc.stdout, proc.stdout + proc.stderr
