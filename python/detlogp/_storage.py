@@ -7,20 +7,25 @@ garbage gradients), so each buffer's storage is stamped at forward (address and 
 checked before backward reads it: a storage that no longer holds the same memory raises.
 """
 
+import numpy as np
+
 from ._detlogp import LogprobContractError
 
 
 def _storage(x):
-    untyped = getattr(x, "untyped_storage", None)  # torch >= 2.0; 1.13: storage()
-    return untyped() if untyped is not None else x.storage()
+    """The untyped storage: ``untyped_storage()`` (torch >= 2.0) or ``_storage()`` (1.13, where
+    the public ``storage()`` builds a typed wrapper at several microseconds a call)."""
+    for name in ("untyped_storage", "_storage"):
+        get = getattr(x, name, None)
+        if get is not None:
+            return get()
+    return x.storage()
 
 
 def stamp(x):
-    """(address, bytes) of the storage behind torch tensor ``x``; None for anything else (a
-    NumPy array keeps its memory while referenced)."""
-    from ._op import _is_tensor
-
-    if not _is_tensor(x):
+    """(address, bytes) of the storage behind torch tensor ``x``; None for a NumPy array (it
+    keeps its memory while referenced)."""
+    if isinstance(x, np.ndarray):
         return None
     s = _storage(x)
     return s.data_ptr(), s.nbytes()
