@@ -12,7 +12,7 @@ alike. The minimum and median seconds over --reps rounds, per case and mode:
               weight shard)
   small_fwd   fn_fwd on [--small-rows, 1024]: the per-call overhead where the kernels are cheap
 On a loaded machine the end-to-end differences drown in noise, so each check is also timed
-alone, in one process (microseconds per call, the minimum of 7 runs of a loop):
+alone, in one process (microseconds of CPU time per call, the minimum of 7 runs of a loop):
   stamp       the storage stamp at forward and its check at backward (one tensor)
   guard       entering and leaving the per-group call guard (a context manager, no contention)
   gather_<n>  the Python side of one all-gather of n bytes per rank at TP=2 (the collective
@@ -147,15 +147,16 @@ def _worker(rank, init_file, args):
 
 
 def _per_call_us(fn, loops, other=None):
-    """Microseconds per call of fn (the minimum over 7 runs of ``loops`` calls); with
+    """Microseconds of this thread's CPU time per call of fn (the minimum over 7 runs of
+    ``loops`` calls; CPU time, which other processes on the machine barely disturb); with
     ``other``, of both, runs alternating."""
     best = [float("inf"), float("inf")]
     for _ in range(7):
         for k, f in enumerate((fn, other) if other else (fn,)):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             for _ in range(loops):
                 f()
-            best[k] = min(best[k], (time.perf_counter() - t0) / loops)
+            best[k] = min(best[k], (time.thread_time() - t0) / loops)
     return (best[0] * 1e6, best[1] * 1e6) if other else best[0] * 1e6
 
 
