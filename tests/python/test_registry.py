@@ -563,7 +563,8 @@ x = full.clone().requires_grad_()
 logp = dt.vocab_parallel_logprobs(x[:, :-1], ids[:, 1:], real_vocab=33, deterministic=False)
 assert made and made[0].calls == 1, "the Python backend was not called"
 ref_x = full.clone().requires_grad_()
-ref = torch.log_softmax(ref_x[:, :-1, :33], -1).gather(-1, ids[:, 1:].clamp(min=0)[..., None])[..., 0]
+ref = torch.log_softmax(ref_x[:, :-1, :33], -1)
+ref = ref.gather(-1, ids[:, 1:].clamp(min=0)[..., None])[..., 0]
 ref = torch.where(ids[:, 1:] == -100, torch.zeros_like(ref), ref)
 assert logp.shape == (2, 6) and torch.allclose(logp, ref, atol=1e-5), (logp, ref)
 logp.sum().backward()

@@ -344,6 +344,7 @@ def test_call_cache_sizes_must_be_non_negative(field):
     with pytest.raises(detlogp.LogprobContractError,
                        match=rf"{field} must be a non-negative integer \(0: keep none\); got -1"):
         dt.CallCache(**{field: -1})
-    with pytest.raises(detlogp.LogprobContractError, match=f"{field} must be a non-negative integer"):
+    with pytest.raises(detlogp.LogprobContractError,
+                       match=f"{field} must be a non-negative integer"):
         dt.CallCache(**{field: 1.5})
     assert dt.CallCache(**{field: 0}) is not None
