@@ -4,7 +4,6 @@ when the calls run one after another or raises a clear error; afterwards the gro
 Two spawned ranks (child processes: an abort fails the test instead of the test run), under
 a timeout."""
 
-import os
 import pathlib
 import signal
 
@@ -19,41 +18,15 @@ CLEAR = ("overlapped on rank", "cross-rank preflight failed")
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     import concurrent_worker
+    from spawn import spawn_ranks
 
     tmp = tmp_path_factory.mktemp("concurrent")
-    ctx = mp.get_context("spawn")
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=concurrent_worker.main,
-                             args=(r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    for p in procs:
-        p.join(TIMEOUT_S)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
-    codes = [p.exitcode for p in procs]
+    out, codes = spawn_ranks(concurrent_worker.main,
+                             lambda r: (r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)),
+                             2, tmp, TIMEOUT_S)
     assert -signal.SIGABRT not in codes, f"a rank aborted: exit codes {codes}"
     assert codes == [0, 0], codes
-    out = []
-    for r in range(2):
-        res = torch.load(tmp / f"rank{r}.pt")
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        out.append(res)
     return out
 
 

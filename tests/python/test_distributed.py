@@ -2,15 +2,14 @@
 and gradients bitwise equal to TP=1; preflight mismatches raise on every rank. Every run is
 under a timeout (a hang fails the test instead of blocking it)."""
 
-import os
 import pathlib
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import detlogp
 from helpers import assert_bitwise, contract, problem
+from spawn import spawn_ranks
 
 HERE = pathlib.Path(__file__).parent
 REAL, PADDED, W = 1000, 1024, 64
@@ -24,36 +23,10 @@ def run_world(tmp_path, world, data):
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
     init_file = tmp_path / "rendezvous"
-    ctx = mp.get_context("spawn")
-    env_threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=dist_worker.main,
-                             args=(r, world, str(init_file), str(data_file), str(tmp_path),
-                                   str(HERE)))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-    finally:
-        if env_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_threads
-    for p in procs:
-        p.join(TIMEOUT_S)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
-    results = []
-    for r, p in enumerate(procs):
-        f = tmp_path / f"rank{r}.pt"
-        assert f.exists(), f"rank {r} exited with {p.exitcode} and wrote no result"
-        res = torch.load(f)
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        results.append(res)
+    results, _ = spawn_ranks(dist_worker.main,
+                             lambda r: (r, world, str(init_file), str(data_file), str(tmp_path),
+                                        str(HERE)),
+                             world, tmp_path, TIMEOUT_S)
     return results
 
 

@@ -4,7 +4,6 @@ seconds, with one wording on every entry point ("rank R failed local validation:
 and without autograd), detlogp.torch and the contract API. Two spawned gloo ranks, under a
 timeout (a hang fails the test instead of blocking it)."""
 
-import os
 import pathlib
 
 import pytest
@@ -18,38 +17,13 @@ FAIL_FAST_S = 20  # far below any collective timeout: nobody waited for a peer
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     import fail_together_worker
+    from spawn import spawn_ranks
 
     tmp = tmp_path_factory.mktemp("fail_together")
-    ctx = mp.get_context("spawn")
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=fail_together_worker.main,
-                             args=(r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    for p in procs:
-        p.join(TIMEOUT_S)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
-    out = []
-    for r in range(2):
-        res = torch.load(tmp / f"rank{r}.pt")
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        out.append(res)
+    out, _ = spawn_ranks(fail_together_worker.main,
+                         lambda r: (r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)),
+                         2, tmp, TIMEOUT_S)
     return out
 
 

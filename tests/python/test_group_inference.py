@@ -7,10 +7,9 @@ peer forgot ``group=`` fails within its collective timeout, saying a rank did no
 import pathlib
 
 import pytest
-import torch
-import torch.multiprocessing as mp
 
 from helpers import assert_bitwise
+from spawn import spawn_ranks
 
 HERE = pathlib.Path(__file__).parent
 TIMEOUT_S = 180
@@ -23,25 +22,9 @@ def ranks(tmp_path_factory):
     import group_worker
 
     tmp = tmp_path_factory.mktemp("groups")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=group_worker.main,
-                         args=(r, str(tmp / "rendezvous"), str(tmp), str(HERE)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(TIMEOUT_S)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
-    out = []
-    for r in range(2):
-        res = torch.load(tmp / f"rank{r}.pt")
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        out.append(res)
+    out, _ = spawn_ranks(group_worker.main,
+                         lambda r: (r, str(tmp / "rendezvous"), str(tmp), str(HERE)),
+                         2, tmp, TIMEOUT_S)
     return out
 
 

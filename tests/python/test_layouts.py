@@ -7,14 +7,13 @@ that nothing but the row order differs), or one as the causal shift view and one
 layout are still read in place (one forward, the caller's buffer). Empty micro-batches give
 empty outputs at TP=2, and a rank with tokens next to an empty one fails both together."""
 
-import os
 import pathlib
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from helpers import assert_bitwise
+from spawn import spawn_ranks
 
 HERE = pathlib.Path(__file__).parent
 TIMEOUT_S = 240
@@ -26,33 +25,9 @@ def ranks(tmp_path_factory):
     import layout_worker
 
     tmp = tmp_path_factory.mktemp("layouts")
-    ctx = mp.get_context("spawn")
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=layout_worker.main,
-                             args=(r, str(tmp / "rendezvous"), str(tmp), str(HERE)))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    for p in procs:
-        p.join(TIMEOUT_S)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
-    out = []
-    for r in range(2):
-        res = torch.load(tmp / f"rank{r}.pt")
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        out.append(res)
+    out, _ = spawn_ranks(layout_worker.main,
+                         lambda r: (r, str(tmp / "rendezvous"), str(tmp), str(HERE)),
+                         2, tmp, TIMEOUT_S)
     return out
 
 

@@ -3,15 +3,14 @@ TP = 1 for logp, entropy and gradients of shifted N-D logits; a GRPO loop's loss
 weights bitwise equal at TP = 1, 2, 4; the device transport path; every preflight mismatch
 named on every rank; an exception on one rank fails every rank within seconds."""
 
-import os
 import pathlib
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import detlogp
 from helpers import assert_bitwise
+from spawn import spawn_ranks
 
 HERE = pathlib.Path(__file__).parent
 WORLD = 4
@@ -24,33 +23,9 @@ def ranks(tmp_path_factory):
     import torch_api_worker
 
     tmp = tmp_path_factory.mktemp("torch_api")
-    ctx = mp.get_context("spawn")
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=torch_api_worker.main,
-                             args=(r, WORLD, str(tmp / "rendezvous"), str(tmp), str(HERE)))
-                 for r in range(WORLD)]
-        for p in procs:
-            p.start()
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    for p in procs:
-        p.join(TIMEOUT_S)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(10)
-    assert not hung, f"ranks {hung} did not finish within {TIMEOUT_S} s (hang)"
-    out = []
-    for r in range(WORLD):
-        res = torch.load(tmp / f"rank{r}.pt")
-        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        out.append(res)
+    out, _ = spawn_ranks(torch_api_worker.main,
+                         lambda r: (r, WORLD, str(tmp / "rendezvous"), str(tmp), str(HERE)),
+                         WORLD, tmp, TIMEOUT_S)
     return out
 
 

@@ -1,0 +1,43 @@
+"""Spawned rank processes for the distributed Python tests: one way to start them, to catch a
+hang and to read each rank's result file."""
+
+import os
+
+import torch
+import torch.multiprocessing as mp
+
+
+def spawn_ranks(main, args_for, world, tmp, timeout_s):
+    """Runs main(*args_for(rank)) for every rank of `world` in spawned processes (one OpenMP
+    thread each, so that the ranks share two cores without oversubscription); a rank still
+    running after timeout_s is killed and fails the test as a hang. Returns each rank's result
+    dict, read from tmp/rank<r>.pt (checked for a recorded crash), and the exit codes."""
+    ctx = mp.get_context("spawn")
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        procs = [ctx.Process(target=main, args=args_for(r)) for r in range(world)]
+        for p in procs:
+            p.start()
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    for p in procs:
+        p.join(timeout_s)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    assert not hung, f"ranks {hung} did not finish within {timeout_s} s (hang)"
+    codes = [p.exitcode for p in procs]
+    results = []
+    for r in range(world):
+        f = tmp / f"rank{r}.pt"
+        assert f.exists(), f"rank {r} exited with {codes[r]} and wrote no result"
+        res = torch.load(f)
+        assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
+        results.append(res)
+    return results, codes
