@@ -3,11 +3,8 @@ policy and a reference model) score their logits on the one TP group at the same
 rounds, released together by a barrier each round. Every call's outcome (its logp, or the
 error's message) goes to <out>/rank<r>.pt, with what the same calls give one after another."""
 
-import datetime
-import os
 import sys
 import threading
-import traceback
 
 LOCAL, REAL, ROUNDS = 128, 250, 8
 
@@ -62,20 +59,12 @@ def _scenario(rank, shapes):
 
 def main(rank, world, init_file, out_dir, tests_dir):
     sys.path.insert(0, tests_dir)
-    import torch
-    import torch.distributed as dist
+    from spawn import gloo_rank
 
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
+    def body():
         # Different shapes: interleaved gathers of different sizes (gloo aborted on those).
-        result["different shapes"] = _scenario(rank, {"policy": (2, 9), "reference": (3, 5)})
         # The same shapes and targets, different logits: a mix-up would pass every check.
-        result["same shapes"] = _scenario(rank, {"policy": (2, 9), "reference": (2, 9)})
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        result["crash"] = traceback.format_exc()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        return {"different shapes": _scenario(rank, {"policy": (2, 9), "reference": (3, 5)}),
+                "same shapes": _scenario(rank, {"policy": (2, 9), "reference": (2, 9)})}
+
+    gloo_rank(rank, world, init_file, out_dir, body)

@@ -5,10 +5,7 @@ every scenario in the same order on every rank, and writes what it saw to
 <out>/rank<r>.pt. An expected failure is recorded as its message; the parent asserts.
 """
 
-import datetime
-import os
 import sys
-import traceback
 
 
 def _scenarios(rank, world, data):
@@ -128,17 +125,8 @@ def _scenarios(rank, world, data):
 def main(rank, world, init_file, data_file, out_dir, tests_dir):
     sys.path.insert(0, tests_dir)
     import torch
-    import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
-        data = torch.load(data_file)
-        result = _scenarios(rank, world, data)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        result["crash"] = traceback.format_exc()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    from spawn import gloo_rank
+
+    gloo_rank(rank, world, init_file, out_dir,
+              lambda: _scenarios(rank, world, torch.load(data_file)))

@@ -2,11 +2,8 @@
 call (an exception of any type, not only a contract error) on every entry point, and rank 0
 records what it saw and how long it waited. Writes <out>/rank<r>.pt."""
 
-import datetime
-import os
 import sys
 import time
-import traceback
 
 N, H, LOCAL, REAL = 6, 8, 128, 250
 
@@ -69,17 +66,6 @@ def _scenarios(rank):
 
 def main(rank, world, init_file, out_dir, tests_dir):
     sys.path.insert(0, tests_dir)
-    import torch
-    import torch.distributed as dist
+    from spawn import gloo_rank
 
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
-        result = _scenarios(rank)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        result["crash"] = traceback.format_exc()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    gloo_rank(rank, world, init_file, out_dir, lambda: _scenarios(rank))

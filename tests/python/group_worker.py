@@ -7,7 +7,6 @@ peer never joined stays pending)."""
 import os
 import sys
 import time
-import traceback
 import types
 
 S, B, H, REAL, V, TP = 4, 2, 16, 1000, 1024, 2
@@ -95,19 +94,13 @@ def _importable(name):
 
 def main(rank, init_file, out_dir, tests_dir):
     sys.path.insert(0, tests_dir)
-    import datetime
-
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=TP, timeout=datetime.timedelta(seconds=60))
+    from spawn import gloo_rank
+
+    def body():
         lonely = dist.new_group([0, 1])  # used only where one rank never joins
-        result = _scenarios(rank, lonely)
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        result["crash"] = traceback.format_exc()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        return _scenarios(rank, lonely)
+
+    gloo_rank(rank, TP, init_file, out_dir, body, teardown=False)
     os._exit(0)  # the collective rank 1 never joined would keep the group's teardown waiting

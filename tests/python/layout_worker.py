@@ -6,10 +6,8 @@ for each scenario its logp, entropy and gradient (or the error), the TP=1 values
 the same rank from the whole logits in logical order, and the buffers the operator read.
 """
 
-import os
 import sys
 import time
-import traceback
 
 S, B, H, REAL, V, TP = 5, 3, 16, 1000, 1024, 2
 W = V // TP
@@ -144,22 +142,10 @@ def _scenarios(rank, group):
 
 def main(rank, init_file, out_dir, tests_dir):
     sys.path.insert(0, tests_dir)
-    import datetime
-
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=TP, timeout=datetime.timedelta(seconds=60))
-        import detlogp
+    import detlogp
+    from spawn import gloo_rank
 
-        group = detlogp.TorchDistributedComm(dist.group.WORLD, timeout=30)
-        result = _scenarios(rank, group)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        result["crash"] = traceback.format_exc()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    gloo_rank(rank, TP, init_file, out_dir,
+              lambda: _scenarios(rank, detlogp.TorchDistributedComm(dist.group.WORLD, timeout=30)))

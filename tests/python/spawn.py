@@ -41,3 +41,27 @@ def spawn_ranks(main, args_for, world, tmp, timeout_s):
         assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
         results.append(res)
     return results, codes
+
+
+def gloo_rank(rank, world, init_file, out_dir, body, *, teardown=True):
+    """The life of one spawned rank: one torch thread, a gloo world over the file:// rendezvous,
+    result = body(), then a barrier and the group's teardown (teardown=False where a scenario
+    left a collective that a peer never joined); an exception is recorded as "crash" for the
+    parent; the result goes to out_dir/rank<rank>.pt."""
+    import datetime
+    import traceback
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    result = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=60))
+        result = body()
+        if teardown:
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        result["crash"] = traceback.format_exc()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -5,11 +5,8 @@ outputs and gradients of TP = 1, 2 (two groups) and 4 calls, a GRPO loop's losse
 weights at each TP degree, and the message (and elapsed time) of every expected failure.
 """
 
-import datetime
-import os
 import sys
 import time
-import traceback
 
 B, S, H, REAL, V = 2, 9, 16, 1000, 1024
 
@@ -214,17 +211,6 @@ def _scenarios(rank):
 
 def main(rank, world, init_file, out_dir, tests_dir):
     sys.path.insert(0, tests_dir)
-    import torch
-    import torch.distributed as dist
+    from spawn import gloo_rank
 
-    torch.set_num_threads(1)
-    result = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
-        result = _scenarios(rank)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        result["crash"] = traceback.format_exc()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    gloo_rank(rank, world, init_file, out_dir, lambda: _scenarios(rank))
