@@ -7,11 +7,12 @@ import torch
 import torch.multiprocessing as mp
 
 
-def spawn_ranks(main, args_for, world, tmp, timeout_s):
+def spawn_ranks(main, args_for, world, tmp, timeout_s, *, results=True):
     """Runs main(*args_for(rank)) for every rank of `world` in spawned processes (one OpenMP
     thread each, so that the ranks share two cores without oversubscription); a rank still
     running after timeout_s is killed and fails the test as a hang. Returns each rank's result
-    dict, read from tmp/rank<r>.pt (checked for a recorded crash), and the exit codes."""
+    dict, read from tmp/rank<r>.pt (checked for a recorded crash), and the exit codes; with
+    results=False (workers that write their own files) the results are None."""
     ctx = mp.get_context("spawn")
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -33,14 +34,16 @@ def spawn_ranks(main, args_for, world, tmp, timeout_s):
             p.join(10)
     assert not hung, f"ranks {hung} did not finish within {timeout_s} s (hang)"
     codes = [p.exitcode for p in procs]
-    results = []
+    if not results:
+        return None, codes
+    out = []
     for r in range(world):
         f = tmp / f"rank{r}.pt"
         assert f.exists(), f"rank {r} exited with {codes[r]} and wrote no result"
         res = torch.load(f)
         assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
-        results.append(res)
-    return results, codes
+        out.append(res)
+    return out, codes
 
 
 def gloo_rank(rank, world, init_file, out_dir, body, *, teardown=True):

@@ -42,23 +42,12 @@ def test_torch_comm_timeout_must_be_positive_seconds(bad):
 
 def test_rank_that_never_calls_forward_times_out_its_peer(tmp_path):
     torch = pytest.importorskip("torch")
-    import torch.multiprocessing as mp
-
     import timeout_worker
+    from spawn import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=timeout_worker.main,
-                         args=(r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(90)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} hung"
+    spawn_ranks(timeout_worker.main,
+                lambda r: (r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)),
+                2, tmp_path, 90, results=False)
     message = (tmp_path / "rank0.txt").read_text()
     print(message)
     assert message.startswith("RuntimeError"), message

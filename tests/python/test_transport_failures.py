@@ -43,23 +43,12 @@ def test_a_failure_while_starting_the_collective_is_worded_the_same():
 
 def test_a_peer_that_died_is_reported_as_such_with_the_step(tmp_path):
     torch = pytest.importorskip("torch")
-    import torch.multiprocessing as mp
-
     import peer_exit_worker
+    from spawn import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=peer_exit_worker.main,
-                         args=(r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not hung, f"ranks {hung} hung"
+    spawn_ranks(peer_exit_worker.main,
+                lambda r: (r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)),
+                2, tmp_path, 120, results=False)
     message = (tmp_path / "rank0.txt").read_text()
     print(message)
     assert message.startswith(
