@@ -3,24 +3,10 @@ call (an exception of any type, not only a contract error) on every entry point,
 records what it saw and how long it waited. Writes <out>/rank<r>.pt."""
 
 import sys
-import time
+
+from spawn import record_failure
 
 N, H, LOCAL, REAL = 6, 8, 128, 250
-
-
-def _record(out, name, fn):
-    import detlogp
-
-    t0 = time.monotonic()
-    try:
-        fn()
-    except detlogp.LogprobContractError as e:
-        msg = "LogprobContractError: " + str(e)
-    except Exception as e:  # noqa: BLE001 - recorded for the parent's assertion
-        msg = f"{type(e).__name__}: {e}"
-    else:
-        msg = "no error"
-    out[name] = {"message": msg, "seconds": time.monotonic() - t0}
 
 
 def _scenarios(rank):
@@ -43,22 +29,22 @@ def _scenarios(rank):
                                              **kw)
 
     out = {}
-    _record(out, "fused meta targets",
+    record_failure(out, "fused meta targets",
             lambda: fused(targets.to("meta") if bad else targets))
-    _record(out, "fused sparse targets",
+    record_failure(out, "fused sparse targets",
             lambda: fused(targets.to_sparse() if bad else targets))
-    _record(out, "fused threads=-1", lambda: fused(targets, threads=-1 if bad else 0))
-    _record(out, "fused grad, meta targets",
+    record_failure(out, "fused threads=-1", lambda: fused(targets, threads=-1 if bad else 0))
+    record_failure(out, "fused grad, meta targets",
             lambda: detlogp.fused_linear_logprobs(
                 hidden.clone().requires_grad_(), weight, targets.to("meta") if bad else targets,
                 group=world, real_vocab=REAL))
-    _record(out, "torch API meta targets",
+    record_failure(out, "torch API meta targets",
             lambda: dt.vocab_parallel_logprobs(logits, targets.to("meta") if bad else targets,
                                                group=world, real_vocab=REAL))
     c = dt.vocab_parallel_logprobs(logits, targets, group=world, real_vocab=REAL,
                                    return_contract=True)[-1]
     op = detlogp.get_logprob_op(c).op
-    _record(out, "op sparse targets",
+    record_failure(out, "op sparse targets",
             lambda: op(logits, targets.to_sparse() if bad else targets, contract=c, group=world))
     out["fused after failures"] = fused(targets)[0]  # the group still works
     return out

@@ -68,3 +68,22 @@ def gloo_rank(rank, world, init_file, out_dir, body, *, teardown=True):
     except BaseException:  # noqa: BLE001 - reported to the parent
         result["crash"] = traceback.format_exc()
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def record_failure(out, name, fn):
+    """Runs fn() on a spawned rank and records in out[name] what it raised ("no error" if
+    nothing) and how long it took, for the parent's assertions."""
+    import time
+
+    import detlogp
+
+    t0 = time.monotonic()
+    try:
+        fn()
+    except detlogp.LogprobContractError as e:
+        msg = "LogprobContractError: " + str(e)
+    except Exception as e:  # noqa: BLE001 - recorded for the parent's assertion
+        msg = f"{type(e).__name__}: {e}"
+    else:
+        msg = "no error"
+    out[name] = {"message": msg, "seconds": time.monotonic() - t0}

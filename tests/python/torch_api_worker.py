@@ -6,7 +6,8 @@ weights at each TP degree, and the message (and elapsed time) of every expected 
 """
 
 import sys
-import time
+
+from spawn import record_failure
 
 B, S, H, REAL, V = 2, 9, 16, 1000, 1024
 
@@ -97,21 +98,6 @@ def _grpo(tp, groups, dtype, steps=3):
     return {"losses": torch.stack(losses), "weight": w_local.detach().clone()}
 
 
-def _expect_failure(out, name, fn):
-    import detlogp
-
-    t0 = time.monotonic()
-    try:
-        fn()
-    except detlogp.LogprobContractError as e:
-        msg = "LogprobContractError: " + str(e)
-    except Exception as e:  # noqa: BLE001 - recorded for the parent's assertion
-        msg = f"{type(e).__name__}: {e}"
-    else:
-        msg = "no error"
-    out[name] = {"message": msg, "seconds": time.monotonic() - t0}
-
-
 def _failures(rank, out):
     import torch
     import torch.distributed as dist
@@ -147,10 +133,10 @@ def _failures(rank, out):
         "dtype": dict(x=local.bfloat16() if odd else local),
     }
     for part, kw in cases.items():
-        _expect_failure(out, "mismatch " + part, lambda kw=kw: call(**kw))
+        record_failure(out, "mismatch " + part, lambda kw=kw: call(**kw))
 
     meta = torch.empty(B, S, V // 4, device="meta")
-    _expect_failure(out, "meta tensor on rank 2", lambda: call(x=meta if rank == 2 else local))
+    record_failure(out, "meta tensor on rank 2", lambda: call(x=meta if rank == 2 else local))
 
     original = dt._active
 
@@ -164,7 +150,7 @@ def _failures(rank, out):
         finally:
             dt._active = original
 
-    _expect_failure(out, "ValueError on rank 1", value_error)
+    record_failure(out, "ValueError on rank 1", value_error)
 
     def contract_api_error():  # the contract API: a TypeError on rank 3 while preparing
         import detlogp
@@ -183,7 +169,7 @@ def _failures(rank, out):
         finally:
             dop._targets = original_targets
 
-    _expect_failure(out, "contract API TypeError on rank 3", contract_api_error)
+    record_failure(out, "contract API TypeError on rank 3", contract_api_error)
     out["after failures"] = call().detach()  # the group still works
 
 
