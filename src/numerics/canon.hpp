@@ -4,7 +4,7 @@
 // scalars. The scalar reference kernel calls it directly, the SIMD kernels repeat these exact
 // operation sequences lane-wise (and are tested bitwise against it), and the CUDA kernels
 // compile this same header for the device. It includes only the plain numerics types
-// (detlogp/numerics.hpp) and uses only IEEE-754 binary32 add, sub, mul, div, fma (one rounding)
+// (detlogp/numerics.hpp) and the dtype conversions (detlogp/dtype.hpp), and uses only IEEE-754 binary32 add, sub, mul, div, fma (one rounding)
 // and exact bit manipulation.
 //
 // Never compile this with fast-math or with FP contraction (-ffp-contract=off): an implicit
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "detlogp/dtype.hpp"
 #include "detlogp/numerics.hpp"
 
 #if defined(__CUDACC__)
@@ -39,8 +40,8 @@ DETLOGP_HD float float_of(uint32_t u) {
 }
 
 inline constexpr uint32_t kCanonicalNanBits = 0x7fc00000u;  // the one fp32 NaN we write
-inline constexpr uint16_t kCanonicalBf16NanBits = 0x7fc0u;
-inline constexpr uint16_t kCanonicalFp16NanBits = 0x7e00u;
+using detlogp::kCanonicalBf16NanBits;  // (detlogp/dtype.hpp)
+using detlogp::kCanonicalFp16NanBits;
 inline constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126
 inline constexpr float kInf = __builtin_huge_valf();
 
@@ -177,41 +178,12 @@ DETLOGP_HD float det_log(float x) {
 // ---------------------------------------------------------------------------------------------
 // Logit dtypes: exact widening to fp32 and round-to-nearest-even narrowing from fp32.
 
-DETLOGP_HD float bf16_to_float(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
-
-DETLOGP_HD uint16_t float_to_bf16(float f) {
-  if (is_nan(f)) return kCanonicalBf16NanBits;
-  const uint32_t u = bits_of(f);
-  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // ties to even; overflow gives inf
-  return static_cast<uint16_t>(rounded >> 16);
-}
-
-DETLOGP_HD float fp16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1fu) return float_of(sign | 0x7f800000u | (man << 13));  // inf / NaN
-  if (exp != 0) return float_of(sign | ((exp + 112u) << 23) | (man << 13));
-  // zero or subnormal: man * 2^-24, exact in fp32
-  const float mag = static_cast<float>(man) * 5.9604644775390625e-08f;
-  return sign ? -mag : mag;
-}
-
-DETLOGP_HD uint16_t float_to_fp16(float f) {
-  if (is_nan(f)) return kCanonicalFp16NanBits;
-  const uint32_t u = bits_of(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf (and inf itself)
-  if (abs >= 0x38800000u) {                       // normal fp16 range: >= 2^-14
-    const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
-    return sign | static_cast<uint16_t>((rounded - (112u << 23)) >> 13);
-  }
-  // subnormal fp16 (or zero): value / 2^-24 rounded to an integer, ties to even. The product is
-  // exact (a power of two) and round_even rounds it once.
-  const float scaled = float_of(abs) * 16777216.0f;  // 2^24
-  return sign | static_cast<uint16_t>(round_even(scaled));
-}
+// (One implementation, public in detlogp/dtype.hpp: the tools and the Python package convert
+// with the same code.)
+using detlogp::bf16_to_float;
+using detlogp::float_to_bf16;
+using detlogp::float_to_fp16;
+using detlogp::fp16_to_float;
 
 // ---------------------------------------------------------------------------------------------
 // Partials and the tree merge.

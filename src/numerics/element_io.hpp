@@ -1,8 +1,8 @@
 #pragma once
 // One element of a logits or gradient buffer, read as fp32 or written from fp32, for every
-// logit dtype: the canon's one widening (exact: canon::bf16_to_float / fp16_to_float) and one
-// narrowing (round to nearest even, canonical NaNs: canon::float_to_bf16 / float_to_fp16 /
-// canonicalize). Host and device (the CUDA kernels compile it too); every scalar path of every
+// logit dtype: the one widening (exact: bf16_to_float / fp16_to_float) and one narrowing
+// (round to nearest even, canonical NaNs: float_to_bf16 / float_to_fp16 / canon::canonicalize)
+// of detlogp/dtype.hpp and the canon. Host and device (the CUDA kernels compile it too); every scalar path of every
 // backend, and the tools, read and write elements through it.
 
 #include <cstdint>
@@ -13,15 +13,10 @@
 
 namespace detlogp::numerics {
 
-// A 16-bit logit pattern of `dtype` (bf16 or fp16), widened exactly to fp32.
-DETLOGP_HD float widen_half(DType dtype, uint16_t h) {
-  return dtype == DType::bf16 ? canon::bf16_to_float(h) : canon::fp16_to_float(h);
-}
-
-// fp32 narrowed to a 16-bit pattern of `dtype` (bf16 or fp16).
-DETLOGP_HD uint16_t narrow_half(DType dtype, float value) {
-  return dtype == DType::bf16 ? canon::float_to_bf16(value) : canon::float_to_fp16(value);
-}
+// A 16-bit pattern of `dtype` widened exactly to fp32, and fp32 narrowed to one (the public
+// conversions of detlogp/dtype.hpp, which the canon's are).
+using detlogp::narrow_half;
+using detlogp::widen_half;
 
 // Element `index` (in elements, not bytes) of a buffer of `dtype`, widened exactly to fp32.
 // (Device code reads through typed pointers, one load instruction; host code through memcpy,
