@@ -2,7 +2,7 @@
 
 #include <chrono>
 #include <cstring>
-#include <mutex>
+#include <type_traits>
 
 #include "cli.hpp"
 
@@ -13,10 +13,57 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+// Forward, then backward when the request asks, each timed between barriers of `comm` (TP
+// rank 0 announces each phase).
+template <class Forward, class Backward>
+void timed_phases(Communicator& comm, const ScoreRequest& request, double& forward_seconds,
+                  double& backward_seconds, Forward&& forward, Backward&& backward) {
+  auto phase = [&](const char* name) {
+    if (comm.rank() == 0 && request.on_phase) request.on_phase(name);
+  };
+  phase("forward");
+  comm.barrier();
+  auto t0 = std::chrono::steady_clock::now();
+  forward();
+  comm.barrier();
+  forward_seconds = seconds_since(t0);
+  if (wants_backward(request.grads)) {
+    phase("backward");
+    t0 = std::chrono::steady_clock::now();
+    backward();
+    comm.barrier();
+    backward_seconds = seconds_since(t0);
+  }
+}
+
+// Rows [row0, row1) x columns [col0, col1) of a matrix view (a null view stays null).
+const void* advance(const void* p, int64_t bytes) {
+  return static_cast<const std::byte*>(p) + bytes;
+}
+void* advance(void* p, int64_t bytes) { return static_cast<std::byte*>(p) + bytes; }
+
+template <class View>
+View sub_view(const View& full, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+  View v = full;
+  if (full.data != nullptr) {
+    v.data = advance(
+        full.data, (row0 * full.row_stride + col0) * static_cast<int64_t>(dtype_size(full.dtype)));
+  }
+  v.rows = row1 - row0;
+  v.cols = col1 - col0;
+  return v;
+}
+
+template <class Score>
+bool replicated(const std::vector<Score>& ranks) {
+  for (const Score& s : ranks) {
+    if (!same_bits(s.result.logp, ranks[0].result.logp) ||
+        !same_bits(s.result.lse, ranks[0].result.lse) ||
+        !same_bits(s.result.entropy, ranks[0].result.entropy)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -61,41 +108,19 @@ RankScore score_rank(Communicator& comm, const ScoreRequest& request, const Logi
                             .validate = true,
                             .entropy = request.entropy,
                             .exec = {.threads = threads}};
-  auto phase = [&](const char* name) {
-    if (comm.rank() == 0 && request.on_phase) request.on_phase(name);
-  };
-  phase("forward");
-  comm.barrier();
-  auto t0 = std::chrono::steady_clock::now();
-  out.result = d.op->forward(shard, request.targets, contract, comm, fopt);
-  comm.barrier();
-  out.forward_seconds = seconds_since(t0);
-  if (wants_backward(request.grads)) {
-    phase("backward");
-    t0 = std::chrono::steady_clock::now();
-    d.op->backward(out.result, request.grads, grad_shard);
-    comm.barrier();
-    out.backward_seconds = seconds_since(t0);
-  }
+  timed_phases(
+      comm, request, out.forward_seconds, out.backward_seconds,
+      [&] { out.result = d.op->forward(shard, request.targets, contract, comm, fopt); },
+      [&] { d.op->backward(out.result, request.grads, grad_shard); });
   return out;
 }
 
 LogitsView columns(const LogitsView& full, int64_t start, int64_t end) {
-  LogitsView v = full;
-  v.data = static_cast<const std::byte*>(full.data) +
-           start * static_cast<int64_t>(dtype_size(full.dtype));
-  v.cols = end - start;
-  return v;
+  return sub_view(full, 0, full.rows, start, end);
 }
 
 MutableLogitsView columns(const MutableLogitsView& full, int64_t start, int64_t end) {
-  MutableLogitsView v = full;
-  if (full.data != nullptr) {
-    v.data =
-        static_cast<std::byte*>(full.data) + start * static_cast<int64_t>(dtype_size(full.dtype));
-  }
-  v.cols = end - start;
-  return v;
+  return sub_view(full, 0, full.rows, start, end);
 }
 
 std::vector<RankScore> score_in_process(const ScoreRequest& request, const LogitsView& logits,
@@ -115,15 +140,49 @@ std::vector<RankScore> score_in_process(const ScoreRequest& request, const Logit
   return ranks;
 }
 
-bool outputs_replicated(const std::vector<RankScore>& ranks) {
-  for (const RankScore& s : ranks) {
-    if (!same_bits(s.result.logp, ranks[0].result.logp) ||
-        !same_bits(s.result.lse, ranks[0].result.lse) ||
-        !same_bits(s.result.entropy, ranks[0].result.entropy)) {
-      return false;
-    }
-  }
-  return true;
+bool outputs_replicated(const std::vector<RankScore>& ranks) { return replicated(ranks); }
+bool outputs_replicated(const std::vector<FusedRankScore>& ranks) { return replicated(ranks); }
+
+FusedRankScore score_fused_rank(Communicator& comm, const ScoreRequest& request,
+                                const LogitsView& hidden, const LogitsView& weight_shard,
+                                const MutableLogitsView& grad_hidden,
+                                const MutableLogitsView& grad_weight_shard, int threads) {
+  const LogprobContract contract = make_contract(request, comm.rank());
+  const FusedDispatchResult d = get_fused_linear_logprob_op(contract);
+  FusedRankScore out;
+  out.provenance_json = d.provenance_json;
+  out.kernel = d.op->kernel_name();
+  const FusedOptions fopt{.entropy = request.entropy, .exec = {.threads = threads}};
+  timed_phases(
+      comm, request, out.forward_seconds, out.backward_seconds,
+      [&] {
+        out.result = d.op->forward(hidden, weight_shard, request.targets, contract, comm, fopt);
+      },
+      [&] { d.op->backward(out.result, request.grads, grad_hidden, grad_weight_shard, comm); });
+  return out;
+}
+
+std::vector<FusedRankScore> score_fused_in_process(const ScoreRequest& request,
+                                                   const LogitsView& hidden,
+                                                   const LogitsView& weight,
+                                                   std::span<const MutableLogitsView> grad_hidden,
+                                                   const MutableLogitsView& grad_weight,
+                                                   int threads) {
+  const int tp = static_cast<int>(request.bounds.size());
+  std::vector<FusedRankScore> ranks(static_cast<std::size_t>(tp));
+  run_ranks(
+      tp,
+      [&](Communicator& comm) {
+        const int r = comm.rank();
+        const VocabRange b = request.bounds[static_cast<std::size_t>(r)];
+        ranks[static_cast<std::size_t>(r)] = score_fused_rank(
+            comm, request, hidden, sub_view(weight, b.start, b.end, 0, weight.cols),
+            grad_hidden[static_cast<std::size_t>(r)],
+            sub_view(grad_weight, b.start, b.end, 0, grad_weight.cols),
+            rank_threads(threads, tp, r));
+      },
+      InProcessOptions{.collective_timeout = request.collective_timeout});
+  return ranks;
 }
 
 }  // namespace detlogp::cli

@@ -1,11 +1,13 @@
 #pragma once
-// Scoring one batch on one TP rank: build the rank's contract, dispatch it through the registry,
-// run forward (and backward), time both between barriers. The in-process runner plays every
-// rank of a TP group on threads of this process; `run --comm mpi` calls score_rank on its
-// MPI TP group.
+// Scoring one batch on one TP rank, for either op kind: build the rank's contract, dispatch it
+// through the registry (the logits operator, or the fused lm_head from hidden states and a
+// weight shard), run forward (and backward), time both between barriers. The in-process
+// runners play every rank of a TP group on threads of this process; `run --comm mpi` calls
+// score_rank on its MPI TP group.
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <span>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
+#include "detlogp/fused_dispatch.hpp"
 
 namespace detlogp::cli {
 
@@ -72,7 +75,41 @@ std::vector<RankScore> score_in_process(const ScoreRequest& request, const Logit
 LogitsView columns(const LogitsView& full, int64_t start, int64_t end);
 MutableLogitsView columns(const MutableLogitsView& full, int64_t start, int64_t end);
 
+// One rank of the fused lm_head (op from get_fused_linear_logprob_op with the best kernels),
+// forward with request.entropy, then backward (when request.grads asks) into `grad_hidden`
+// ([tokens, H], the full gradient) and `grad_weight_shard` (this rank's rows).
+struct FusedRankScore {
+  FusedLogprobResult result;
+  std::string provenance_json;
+  std::string kernel;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+};
+
+FusedRankScore score_fused_rank(Communicator& comm, const ScoreRequest& request,
+                                const LogitsView& hidden, const LogitsView& weight_shard,
+                                const MutableLogitsView& grad_hidden,
+                                const MutableLogitsView& grad_weight_shard, int threads);
+
+// Every rank of a TP group on an in-process group: `weight` and `grad_weight` are the full
+// [padded, H] matrices (each rank reads and writes its rows); grad_hidden[r] is rank r's own
+// [tokens, H] gradient. Returns every rank's score, by TP rank.
+std::vector<FusedRankScore> score_fused_in_process(const ScoreRequest& request,
+                                                   const LogitsView& hidden,
+                                                   const LogitsView& weight,
+                                                   std::span<const MutableLogitsView> grad_hidden,
+                                                   const MutableLogitsView& grad_weight,
+                                                   int threads);
+
 // True when every rank's logp, lse and entropy are bitwise equal to rank 0's.
 bool outputs_replicated(const std::vector<RankScore>& ranks);
+bool outputs_replicated(const std::vector<FusedRankScore>& ranks);
+
+// Whether two vectors hold the same bits.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
 
 }  // namespace detlogp::cli

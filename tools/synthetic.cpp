@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "numerics/canon.hpp"
+#include "detlogp/dtype.hpp"
 #include "parallel.hpp"
 
 namespace detlogp::cli {
@@ -23,6 +23,8 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
   x ^= x >> 31;
   return x;
 }
+
+uint64_t splitmix64(uint64_t x) { return mix64(x + 0x9e3779b97f4a7c15ULL); }
 
 // A 64-bit hash of (key, stream, a, b); streams keep the uses apart.
 uint64_t hash(uint64_t key, uint64_t stream, uint64_t a, uint64_t b) {
@@ -69,28 +71,20 @@ Large large_logits(const SyntheticSpec& s, int64_t row) {
 
 float padding_value(int64_t col) { return (col % 2 == 0) ? kPaddingGarbage : -kPaddingGarbage; }
 
+float round_trip(DType dtype, float v) {
+  return dtype == DType::fp32 ? v : widen_half(dtype, narrow_half(dtype, v));
+}
+
+}  // namespace
+
 void store(DType dtype, float v, std::byte* out) {
   if (dtype == DType::fp32) {
     std::memcpy(out, &v, 4);
     return;
   }
-  const uint16_t h = dtype == DType::bf16 ? canon::float_to_bf16(v) : canon::float_to_fp16(v);
+  const uint16_t h = narrow_half(dtype, v);
   std::memcpy(out, &h, 2);
 }
-
-float round_trip(DType dtype, float v) {
-  switch (dtype) {
-    case DType::fp32:
-      return v;
-    case DType::bf16:
-      return canon::bf16_to_float(canon::float_to_bf16(v));
-    case DType::fp16:
-      return canon::fp16_to_float(canon::float_to_fp16(v));
-  }
-  return v;
-}
-
-}  // namespace
 
 float synthetic_logit(const SyntheticSpec& spec, int64_t row, int64_t col) {
   if (col >= spec.real_vocab) return padding_value(col);
@@ -126,6 +120,27 @@ void fill_logits(const SyntheticSpec& spec, int64_t row_begin, int64_t row_end, 
       }
     }
   });
+}
+
+std::vector<uint8_t> dense_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t salt,
+                                  double scale, int threads) {
+  const std::size_t esz = dtype_size(dtype);
+  std::vector<uint8_t> out(static_cast<std::size_t>(rows * cols) * esz);
+  parallel_for(rows, threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const auto i = static_cast<uint64_t>(r * cols + c);
+        const uint64_t h = splitmix64(salt ^ splitmix64(i));
+        const double u = static_cast<double>(h & 0x1fffff) +
+                         static_cast<double>((h >> 21) & 0x1fffff) +
+                         static_cast<double>((h >> 42) & 0x1fffff);
+        const auto v = static_cast<float>((u / 2097152.0 - 1.5) * 2.0 * scale);
+        store(dtype, v,
+              reinterpret_cast<std::byte*>(out.data()) + static_cast<std::size_t>(i) * esz);
+      }
+    }
+  });
+  return out;
 }
 
 SyntheticRows synthetic_rows(const SyntheticSpec& spec, int64_t row_begin, int64_t row_end) {

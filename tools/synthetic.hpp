@@ -15,6 +15,7 @@
 //   - upstream gradients (fp32, exact multiples of 2^-10): grad_logp in [-1, 1], grad_lse in
 //     [-1/4, 1/4], grad_entropy in [-1/8, 1/8].
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -52,5 +53,14 @@ struct SyntheticRows {
 
 // Per-token data of rows [row_begin, row_end).
 SyntheticRows synthetic_rows(const SyntheticSpec& spec, int64_t row_begin, int64_t row_end);
+
+// `value` stored in `dtype` at `out` (fp32 as is; bf16 and fp16 rounded to nearest even).
+void store(DType dtype, float value, std::byte* out);
+
+// A dense [rows, cols] matrix in `dtype` for `run --fused` (hidden states, an lm_head weight):
+// element i = row * cols + col is about N(0, scale^2) (a sum of three 21-bit uniforms), a pure
+// function of (salt, i).
+std::vector<uint8_t> dense_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t salt,
+                                  double scale, int threads);
 
 }  // namespace detlogp::cli
