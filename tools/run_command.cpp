@@ -19,6 +19,7 @@
 #include "progress.hpp"
 #include "run_checks.hpp"
 #include "run_report.hpp"
+#include "run_scenario.hpp"
 #include "scoring.hpp"
 #include "synthetic.hpp"
 
@@ -106,40 +107,28 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
     throw UsageError("--comm mpi: this detlogp was built without MPI (DETLOGP_WITH_MPI=OFF)");
 #endif
   }
-  const std::vector<int64_t> tps = in_process_tps(o);
-  const std::chrono::milliseconds timeout = parse_collective_timeout(o.collective_timeout);
+  const RunScenario s = in_process_scenario(o);
   init_device(device);
-  const DType dtype = parse_dtype(o.dtype, "--dtype");
-  const int threads = resolve_threads(o.threads);
-  const SyntheticSpec spec{
-      .tokens = o.tokens, .real_vocab = o.real_vocab, .dtype = dtype, .key = o.batch_key};
-
-  std::vector<VocabLayout> layouts;
-  int64_t stride = o.real_vocab;  // one buffer wide enough for every TP degree's padding
-  for (int64_t tp : tps) {
-    layouts.push_back(run_layout(o.real_vocab, tp, o.tile_width));
-    stride = std::max(stride, layouts.back().padded_vocab_size);
-  }
-
-  const std::size_t esz = dtype_size(dtype);
+  const int64_t stride = s.widest_padded;  // one buffer for every TP degree's padding
   // Logits and gradient, each tokens x padded: refuse up front what this process cannot hold
   // (instead of a bare std::bad_alloc, or the kernel's OOM killer, halfway through).
   const RunBuffer buffers[] = {{.name = "the logits and the gradient",
                                 .count = 2,
                                 .rows = static_cast<std::uint64_t>(o.tokens),
                                 .cols = static_cast<std::uint64_t>(stride),
-                                .element_size = esz}};
-  require_run_memory(buffers,
-                     fmt::format("--tokens {} x {} columns of {}", o.tokens, stride, o.dtype),
-                     "use fewer --tokens");
-  const std::size_t bytes = static_cast<std::size_t>(o.tokens * stride) * esz;  // checked above
+                                .element_size = dtype_size(s.dtype)}};
+  const std::size_t bytes =
+      require_run_memory(buffers,
+                         fmt::format("--tokens {} x {} columns of {}", o.tokens, stride, o.dtype),
+                         "use fewer --tokens") /
+      2;
 
   Progress progress(true);
   progress.step("[run] generating synthetic logits...");
   std::vector<std::byte> logits = io::allocate_bytes(bytes, "[run] allocating the logits");
   std::vector<std::byte> grad = io::allocate_bytes(bytes, "[run] allocating the gradient");
-  fill_logits(spec, 0, o.tokens, 0, stride, logits.data(), stride, threads);
-  const SyntheticRows rows = synthetic_rows(spec, 0, o.tokens);
+  fill_logits(s.spec, 0, o.tokens, 0, stride, logits.data(), stride, s.threads);
+  const SyntheticRows rows = synthetic_rows(s.spec, 0, o.tokens);
   // The buffers the ranks read and write: the host's for cpu; for cuda one device copy of the
   // logits (each rank's shard is its column range of it) and a device gradient, copied back
   // into `grad` for the checks.
@@ -153,81 +142,38 @@ int run_command(const RunOptions& o, int* argc, char*** argv) {
   const void* logits_data = device != Device::cpu ? device_logits.data() : logits.data();
   void* grad_data = device != Device::cpu ? device_grad.data() : grad.data();
 
-  RunReport report;
-  report.options = o;
-  report.comm = "in-process";
+  RunReport report = start_run_report(o, "in-process", s.threads, rows);
   report.device = device_description(device);
-  report.threads = threads;
-  for (bool a : rows.active) report.active_tokens += a ? 1 : 0;
-
-  for (std::size_t k = 0; k < tps.size(); ++k) {
-    const int64_t tp = tps[k];
-    const VocabLayout& layout = layouts[k];
-    const std::string tag = fmt::format("[tp {}] ", tp);
-    ScoreRequest req{.dtype = dtype,
-                     .real_vocab = o.real_vocab,
-                     .padded_vocab = layout.padded_vocab_size,
-                     .bounds = layout.vocab_shard_bounds,
-                     .tile_width = o.tile_width,
-                     .temperature = o.temperature,
-                     .backend = o.backend,
-                     .platform = platform_of(device),
-                     .entropy = true,
-                     .targets = rows.targets,
-                     .active = &rows.active,
-                     .grads = {.grad_logp = rows.grad_logp,
-                               .grad_lse = rows.grad_lse,
-                               .grad_entropy = rows.grad_entropy},
-                     .collective_timeout = timeout,
-                     .on_phase = [&](const std::string& p) { progress.step(tag + p + "..."); }};
+  for (const VocabLayout& layout : s.layouts) {
+    const std::string tag = fmt::format("[tp {}] ", layout.vocab_shard_bounds.size());
+    ScoreRequest req = run_request(o, s, layout, rows);
+    req.platform = platform_of(device);
+    req.on_phase = [&](const std::string& p) { progress.step(tag + p + "..."); };
     // Garbage (all bits set: NaN) so that a column backward does not write shows.
     std::memset(grad.data(), 0xff, grad.size());
     if (device != Device::cpu) device_grad.fill(0xff);
-    const LogitsView full{.data = logits_data,
-                          .dtype = dtype,
-                          .rows = o.tokens,
-                          .cols = layout.padded_vocab_size,
-                          .row_stride = stride};
-    const MutableLogitsView grad_view{.data = grad_data,
-                                      .dtype = dtype,
-                                      .rows = o.tokens,
-                                      .cols = layout.padded_vocab_size,
-                                      .row_stride = stride};
-    std::vector<RankScore> ranks = score_in_process(req, full, grad_view, threads);
+    const int64_t padded = layout.padded_vocab_size;
+    const std::vector<RankScore> ranks = score_in_process(
+        req, LogitsView{logits_data, s.dtype, o.tokens, padded, stride},
+        MutableLogitsView{grad_data, s.dtype, o.tokens, padded, stride}, s.threads);
     if (device != Device::cpu) device_grad.download(grad.data(), grad.size());
     progress.step(tag + "checking...");
-    const LogitsView grad_read{.data = grad.data(),
-                               .dtype = dtype,
-                               .rows = o.tokens,
-                               .cols = layout.padded_vocab_size,
-                               .row_stride = stride};
+    const LogitsView grad_read{grad.data(), s.dtype, o.tokens, padded, stride};
     const LogprobResult& res = ranks[0].result;
-    TpRunReport r;
-    r.tp = tp;
-    r.padded_vocab = layout.padded_vocab_size;
-    r.actual_backend = ranks[0].actual_backend;
-    r.kernel = ranks[0].kernel;
-    r.contract_fingerprint = ranks[0].contract_fingerprint;
-    r.provenance = nlohmann::json::parse(ranks[0].provenance_json);
-    for (const RankScore& s : ranks) {
-      r.forward_seconds = std::max(r.forward_seconds, s.forward_seconds);
-      r.backward_seconds = std::max(r.backward_seconds, s.backward_seconds);
+    TpRunReport r =
+        judge_tp_run(o, s.spec, rows, ranks[0], layout,
+                     {.logp = res.logp, .lse = res.lse, .entropy = res.entropy, .grad = grad_read});
+    for (const RankScore& rank : ranks) {
+      r.forward_seconds = std::max(r.forward_seconds, rank.forward_seconds);
+      r.backward_seconds = std::max(r.backward_seconds, rank.backward_seconds);
     }
     r.replicated = outputs_replicated(ranks);
     r.padding_grad_zero = padding_is_zero(grad_read, o.real_vocab);
-    r.digests = compute_digests(res.logp, res.lse, res.entropy, grad_read, o.real_vocab);
     r.bitwise_equal = report.runs.empty() || r.digests == report.runs.front().digests;
-    r.accuracy =
-        check_sampled_rows(spec, rows, o.temperature, res.logp, res.lse, res.entropy, grad_read);
     report.runs.push_back(std::move(r));
   }
   progress.clear();
-  if (o.json) {
-    std::cout << run_report_json(report).dump(2) << "\n";
-  } else {
-    std::cout << format_run_report(report);
-  }
-  return report.passed() ? kExitOk : kExitCheckFailed;
+  return print_run_report(report);
 }
 
 }  // namespace detlogp::cli

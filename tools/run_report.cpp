@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <iostream>
+
 #include "digest.hpp"
+#include "run_checks.hpp"
 #include "table.hpp"
 
 namespace detlogp::cli {
@@ -22,6 +25,42 @@ Digests compute_digests(std::span<const float> logp, std::span<const float> lse,
   }
   d.grad_logits = g.hex();
   return d;
+}
+
+RunReport start_run_report(const RunOptions& options, std::string comm, int threads,
+                           const SyntheticRows& rows) {
+  RunReport report;
+  report.options = options;
+  report.comm = std::move(comm);
+  report.threads = threads;
+  for (bool a : rows.active) report.active_tokens += a ? 1 : 0;
+  return report;
+}
+
+TpRunReport judge_tp_run(const RunOptions& o, const SyntheticSpec& spec, const SyntheticRows& rows,
+                         const RankScore& rank0, const VocabLayout& layout, const RunOutputs& out) {
+  TpRunReport r;
+  r.tp = static_cast<int64_t>(layout.vocab_shard_bounds.size());
+  r.cp = o.cp;
+  r.padded_vocab = layout.padded_vocab_size;
+  r.actual_backend = rank0.actual_backend;
+  r.kernel = rank0.kernel;
+  r.contract_fingerprint = rank0.contract_fingerprint;
+  r.provenance = nlohmann::json::parse(rank0.provenance_json);
+  r.digests = compute_digests(out.logp, out.lse, out.entropy, out.grad, o.real_vocab);
+  r.accuracy =
+      check_sampled_rows(spec, rows, o.temperature, out.logp, out.lse, out.entropy, out.grad);
+  return r;
+}
+
+int print_run_report(const RunReport& report) {
+  if (report.options.json) {
+    std::cout << run_report_json(report).dump(2) << "\n";
+  } else {
+    std::cout << format_run_report(report);
+  }
+  std::cout.flush();
+  return report.passed() ? kExitOk : kExitCheckFailed;
 }
 
 bool RunReport::bitwise_passed() const {

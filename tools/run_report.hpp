@@ -12,6 +12,8 @@
 #include "cli.hpp"
 #include "detlogp/detlogp.hpp"
 #include "reference.hpp"
+#include "scoring.hpp"
+#include "synthetic.hpp"
 
 namespace detlogp::cli {
 
@@ -53,7 +55,27 @@ struct RunReport {
   bool passed() const { return bitwise_passed() && accuracy_passed(); }
 };
 
+// An empty report of a run of `options` on `comm` ("in-process" or "mpi") with `threads` in
+// total, over the whole batch's `rows` (for the count of active tokens).
+RunReport start_run_report(const RunOptions& options, std::string comm, int threads,
+                           const SyntheticRows& rows);
+
+// The outputs of the whole batch at one TP degree (rank 0's, or gathered from every slice).
+struct RunOutputs {
+  std::span<const float> logp, lse, entropy;
+  LogitsView grad;  // [tokens, >= real vocab], any row stride
+};
+
+// The verdict on one TP degree: rank 0's dispatch (backend, kernel, fingerprint, provenance),
+// the digests of `outputs`, and the float64 reference on sampled rows. The caller adds what its
+// transport knows: timings, replicated, padding_grad_zero, bitwise_equal.
+TpRunReport judge_tp_run(const RunOptions& options, const SyntheticSpec& spec,
+                         const SyntheticRows& rows, const RankScore& rank0,
+                         const VocabLayout& layout, const RunOutputs& outputs);
+
 std::string format_run_report(const RunReport& report);
 nlohmann::json run_report_json(const RunReport& report);
+// Prints the report (--json: one JSON object, else the table); returns the exit code.
+int print_run_report(const RunReport& report);
 
 }  // namespace detlogp::cli

@@ -8,6 +8,10 @@ namespace detlogp::cli {
 
 RunScenario in_process_scenario(const RunOptions& o) {
   const std::vector<int64_t> tps = in_process_tps(o);
+  return run_scenario(o, tps);
+}
+
+RunScenario run_scenario(const RunOptions& o, std::span<const int64_t> tps) {
   RunScenario s;
   s.collective_timeout = parse_collective_timeout(o.collective_timeout);
   s.dtype = parse_dtype(o.dtype, "--dtype");

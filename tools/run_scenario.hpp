@@ -1,11 +1,12 @@
 #pragma once
-// The scenario of an in-process `detlogp run` (logits or --fused): everything the run works on,
-// resolved once from its options before anything is made, and the score request of each of
-// its TP degrees. The pipeline of both op kinds: scenario -> score (scoring.hpp) -> verdict
-// and report (run_report.hpp, fused_report.hpp).
+// The scenario of a `detlogp run` (logits or --fused, in-process or under MPI): everything the run
+// works on, resolved once from its options before anything is made, and the score request of each
+// of its TP degrees. The pipeline of both op kinds: scenario -> score (scoring.hpp) -> verdict and
+// report (run_report.hpp, fused_report.hpp).
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "cli.hpp"
@@ -28,6 +29,8 @@ struct RunScenario {
 // The TP degrees (in_process_tps), then --collective-timeout, --dtype and --threads; UsageError
 // as those checks say. Call after check_run_options.
 RunScenario in_process_scenario(const RunOptions& options);
+// The same for the given TP degrees (`run --comm mpi`: the one degree of its topology).
+RunScenario run_scenario(const RunOptions& options, std::span<const int64_t> tps);
 
 // What every rank of `layout`'s TP group is asked: the scenario's batch with entropy, and
 // backward with all three upstream gradients of `rows`.
