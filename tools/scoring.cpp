@@ -54,6 +54,22 @@ View sub_view(const View& full, int64_t row0, int64_t row1, int64_t col0, int64_
   return v;
 }
 
+// Every rank of the request's TP group on an in-process group, each scored by
+// score(comm, its shard's bounds, its share of `threads`). Returns the scores by TP rank.
+template <class Score, class ScoreFn>
+std::vector<Score> on_in_process_group(const ScoreRequest& request, int threads, ScoreFn&& score) {
+  const int tp = static_cast<int>(request.bounds.size());
+  std::vector<Score> ranks(static_cast<std::size_t>(tp));
+  run_ranks(
+      tp,
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        ranks[r] = score(comm, request.bounds[r], rank_threads(threads, tp, comm.rank()));
+      },
+      InProcessOptions{.collective_timeout = request.collective_timeout});
+  return ranks;
+}
+
 template <class Score>
 bool replicated(const std::vector<Score>& ranks) {
   for (const Score& s : ranks) {
@@ -125,19 +141,11 @@ MutableLogitsView columns(const MutableLogitsView& full, int64_t start, int64_t 
 
 std::vector<RankScore> score_in_process(const ScoreRequest& request, const LogitsView& logits,
                                         const MutableLogitsView& grad, int threads) {
-  const int tp = static_cast<int>(request.bounds.size());
-  std::vector<RankScore> ranks(static_cast<std::size_t>(tp));
-  run_ranks(
-      tp,
-      [&](Communicator& comm) {
-        const int r = comm.rank();
-        const VocabRange b = request.bounds[static_cast<std::size_t>(r)];
-        ranks[static_cast<std::size_t>(r)] =
-            score_rank(comm, request, columns(logits, b.start, b.end),
-                       columns(grad, b.start, b.end), rank_threads(threads, tp, r));
-      },
-      InProcessOptions{.collective_timeout = request.collective_timeout});
-  return ranks;
+  return on_in_process_group<RankScore>(
+      request, threads, [&](Communicator& comm, VocabRange b, int rank_threads) {
+        return score_rank(comm, request, columns(logits, b.start, b.end),
+                          columns(grad, b.start, b.end), rank_threads);
+      });
 }
 
 bool outputs_replicated(const std::vector<RankScore>& ranks) { return replicated(ranks); }
@@ -168,21 +176,13 @@ std::vector<FusedRankScore> score_fused_in_process(const ScoreRequest& request,
                                                    std::span<const MutableLogitsView> grad_hidden,
                                                    const MutableLogitsView& grad_weight,
                                                    int threads) {
-  const int tp = static_cast<int>(request.bounds.size());
-  std::vector<FusedRankScore> ranks(static_cast<std::size_t>(tp));
-  run_ranks(
-      tp,
-      [&](Communicator& comm) {
-        const int r = comm.rank();
-        const VocabRange b = request.bounds[static_cast<std::size_t>(r)];
-        ranks[static_cast<std::size_t>(r)] = score_fused_rank(
+  return on_in_process_group<FusedRankScore>(
+      request, threads, [&](Communicator& comm, VocabRange b, int rank_threads) {
+        return score_fused_rank(
             comm, request, hidden, sub_view(weight, b.start, b.end, 0, weight.cols),
-            grad_hidden[static_cast<std::size_t>(r)],
-            sub_view(grad_weight, b.start, b.end, 0, grad_weight.cols),
-            rank_threads(threads, tp, r));
-      },
-      InProcessOptions{.collective_timeout = request.collective_timeout});
-  return ranks;
+            grad_hidden[static_cast<std::size_t>(comm.rank())],
+            sub_view(grad_weight, b.start, b.end, 0, grad_weight.cols), rank_threads);
+      });
 }
 
 }  // namespace detlogp::cli
