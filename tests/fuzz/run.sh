@@ -33,7 +33,7 @@ fi
 sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
 cxxflags=(-std=c++20 -O1 -g "${sanitize[@]}" -fsanitize=fuzzer-no-link -Wall -Wextra -Werror
           -I"$src/include" -I"$src/src")
-io_sources=(tensor file memory safetensors npy tensor_file)
+io_sources=(tensor file memory safetensors safetensors_header npy tensor_file)
 headers=("$src"/src/io/*.hpp "$src"/include/detlogp/*.hpp)
 
 # $1 is stale when missing or older than any of the remaining arguments.
