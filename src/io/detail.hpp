@@ -17,6 +17,8 @@ namespace detlogp::io::detail {
 std::string printable(std::string_view text, std::size_t max_chars = 80);
 // printable(text) in single quotes.
 std::string in_quotes(std::string_view text);
+// "tensor 'name'": how a message names a tensor of a file.
+std::string tensor_named(std::string_view name);
 // "'a', 'b', 'c'" (at most `max_names`, then "and N more").
 std::string in_quotes_list(const std::vector<std::string>& names, std::size_t max_names = 10);
 

@@ -20,11 +20,8 @@ namespace {
 
 using detail::fail;
 using detail::in_quotes;
+using detail::tensor_named;
 using nlohmann::json;
-
-constexpr std::string_view kMetadataKey = "__metadata__";
-
-std::string who(std::string_view name) { return fmt::format("tensor {}", in_quotes(name)); }
 
 struct WritePlan {
   std::vector<std::byte> header;   // length prefix + padded JSON
@@ -37,7 +34,7 @@ WritePlan plan_write(std::span<const TensorRef> tensors, const Metadata& metadat
   std::set<std::string_view> names;
   for (const auto& tensor : tensors) {
     check_tensor(tensor, label);
-    if (tensor.name == kMetadataKey) {
+    if (tensor.name == kSafetensorsMetadataKey) {
       fail(label, "a tensor cannot be named '__metadata__' (reserved for the metadata)");
     }
     if (!names.insert(tensor.name).second) {
@@ -54,7 +51,7 @@ WritePlan plan_write(std::span<const TensorRef> tensors, const Metadata& metadat
     return tensors[a].name < tensors[b].name;
   });
   json header = json::object();
-  if (!metadata.empty()) header[std::string(kMetadataKey)] = metadata;
+  if (!metadata.empty()) header[std::string(kSafetensorsMetadataKey)] = metadata;
   for (std::size_t index : plan.order) {
     const auto& tensor = tensors[index];
     const std::uint64_t begin = plan.data_bytes;
@@ -155,11 +152,13 @@ Tensor read_entry(const InputFile& file, const SafetensorsHeader& header,
   Tensor tensor{entry.name, entry.dtype, entry.shape, {}};
   // Within the file (checked by the header parser), but a sparse file can claim terabytes.
   const std::uint64_t bytes = entry.end - entry.begin;
-  require_memory(bytes,
-                 fmt::format("{}: reading {} of shape {} ({})", file.label(), who(entry.name),
-                             format_shape(entry.shape), dtype_name(entry.dtype)),
-                 "use a smaller file (fewer tokens per file)");
-  tensor.data = allocate_bytes(bytes, fmt::format("{}: reading {}", file.label(), who(entry.name)));
+  require_memory(
+      bytes,
+      fmt::format("{}: reading {} of shape {} ({})", file.label(), tensor_named(entry.name),
+                  format_shape(entry.shape), dtype_name(entry.dtype)),
+      "use a smaller file (fewer tokens per file)");
+  tensor.data =
+      allocate_bytes(bytes, fmt::format("{}: reading {}", file.label(), tensor_named(entry.name)));
   file.read_at(header.data_start + entry.begin, tensor.data);
   return tensor;
 }

@@ -29,6 +29,8 @@ inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 inline constexpr std::size_t kMaxSafetensorsTensors = 250'000;
 
 using Metadata = std::map<std::string, std::string>;
+// The header's key of the metadata (no tensor may have this name).
+inline constexpr std::string_view kSafetensorsMetadataKey = "__metadata__";
 
 struct SafetensorsEntry {
   std::string name;

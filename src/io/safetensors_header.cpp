@@ -28,18 +28,16 @@ namespace {
 
 using detail::fail;
 using detail::in_quotes;
+using detail::tensor_named;
 using nlohmann::json;
 
-constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr int kMaxJsonDepth = 8;  // a valid header nests 3 deep
 constexpr auto kInt64Max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-
-std::string who(std::string_view name) { return fmt::format("tensor {}", in_quotes(name)); }
 
 // One JSON value as the rules see it: its kind and, for a number or a string, its value
 // (a container is known by its kind alone).
 struct JsonValue {
-  enum class Kind : std::uint8_t {
+  enum class Kind : std::uint8_t {  // (type_name follows this order)
     null,
     boolean,
     unsigned_int,
@@ -63,20 +61,9 @@ struct JsonValue {
   }
   // The JSON type's name (nlohmann's: null, boolean, number, string, array, object).
   const char* type_name() const {
-    switch (kind) {
-      case Kind::null:
-        return "null";
-      case Kind::boolean:
-        return "boolean";
-      case Kind::string:
-        return "string";
-      case Kind::array:
-        return "array";
-      case Kind::object:
-        return "object";
-      default:
-        return "number";
-    }
+    constexpr const char* kNames[] = {"null",   "boolean", "number", "number",
+                                      "number", "string",  "array",  "object"};
+    return kNames[static_cast<std::size_t>(kind)];
   }
   // A number as JSON writes it.
   std::string dump() const {
@@ -103,10 +90,11 @@ struct EntryFacts {
 
 std::optional<std::string> offset_problem(const JsonValue& v, std::string_view name) {
   if (v.kind != Kind::unsigned_int) {
-    return fmt::format("{}: data_offsets must be non-negative integers, got {}", who(name),
+    return fmt::format("{}: data_offsets must be non-negative integers, got {}", tensor_named(name),
                        v.kind == Kind::signed_int ? v.dump() : std::string(v.type_name()));
   }
-  if (v.u > kInt64Max) return fmt::format("{}: data offset {} is out of range", who(name), v.u);
+  if (v.u > kInt64Max)
+    return fmt::format("{}: data offset {} is out of range", tensor_named(name), v.u);
   return std::nullopt;
 }
 
@@ -116,46 +104,47 @@ std::optional<std::string> entry_problem(EntryFacts& facts, std::uint64_t data_b
   SafetensorsEntry& e = facts.entry;
   const std::string_view name = e.name;
   if (facts.unexpected_key) {
-    return fmt::format("{}: unexpected key {} (expected dtype, shape, data_offsets)", who(name),
-                       in_quotes(*facts.unexpected_key));
+    return fmt::format("{}: unexpected key {} (expected dtype, shape, data_offsets)",
+                       tensor_named(name), in_quotes(*facts.unexpected_key));
   }
   const std::pair<bool, const char*> present[] = {
       {facts.has_dtype, "dtype"}, {facts.has_shape, "shape"}, {facts.has_offsets, "data_offsets"}};
   for (const auto& [has, key] : present) {
-    if (!has) return fmt::format("{}: missing '{}'", who(name), key);
+    if (!has) return fmt::format("{}: missing '{}'", tensor_named(name), key);
   }
   if (facts.dtype.kind != Kind::string) {
-    return fmt::format("{}: 'dtype' must be a string, got {}", who(name), facts.dtype.type_name());
+    return fmt::format("{}: 'dtype' must be a string, got {}", tensor_named(name),
+                       facts.dtype.type_name());
   }
   const auto dtype = dtype_from_safetensors_name(facts.dtype.text);
   if (!dtype) {
     return fmt::format("{}: unsupported dtype {} (supported: F32, F16, BF16, I64, I32, BOOL, U8)",
-                       who(name), in_quotes(facts.dtype.text));
+                       tensor_named(name), in_quotes(facts.dtype.text));
   }
   e.dtype = *dtype;
   if (facts.shape_kind != Kind::array) {
-    return fmt::format("{}: 'shape' must be an array, got {}", who(name),
+    return fmt::format("{}: 'shape' must be an array, got {}", tensor_named(name),
                        JsonValue(facts.shape_kind).type_name());
   }
   if (facts.rank > kMaxRank) {
-    return fmt::format("{}: rank {} exceeds the limit of {} dimensions", who(name), facts.rank,
-                       kMaxRank);
+    return fmt::format("{}: rank {} exceeds the limit of {} dimensions", tensor_named(name),
+                       facts.rank, kMaxRank);
   }
   if (const auto& dim = facts.bad_dim) {
     if (dim->kind == Kind::unsigned_int) {
-      return fmt::format("{}: dimension {} is too large", who(name), dim->u);
+      return fmt::format("{}: dimension {} is too large", tensor_named(name), dim->u);
     }
     if (dim->kind == Kind::signed_int) {
-      return fmt::format("{}: shape has a negative dimension {}", who(name), dim->dump());
+      return fmt::format("{}: shape has a negative dimension {}", tensor_named(name), dim->dump());
     }
-    return fmt::format("{}: shape entries must be integers, got {}", who(name),
+    return fmt::format("{}: shape entries must be integers, got {}", tensor_named(name),
                        dim->is_number() ? dim->dump() : std::string(dim->type_name()));
   }
   if (facts.offsets_kind != Kind::array || facts.offsets_count != 2) {
-    return fmt::format("{}: 'data_offsets' must be an array [begin, end], got {}", who(name),
-                       facts.offsets_kind == Kind::array
-                           ? fmt::format("{} elements", facts.offsets_count)
-                           : std::string(JsonValue(facts.offsets_kind).type_name()));
+    return fmt::format(
+        "{}: 'data_offsets' must be an array [begin, end], got {}", tensor_named(name),
+        facts.offsets_kind == Kind::array ? fmt::format("{} elements", facts.offsets_count)
+                                          : std::string(JsonValue(facts.offsets_kind).type_name()));
   }
   for (const JsonValue& offset : facts.offsets) {
     if (auto problem = offset_problem(offset, name)) return problem;
@@ -163,21 +152,21 @@ std::optional<std::string> entry_problem(EntryFacts& facts, std::uint64_t data_b
   e.begin = facts.offsets[0].u;
   e.end = facts.offsets[1].u;
   if (e.end < e.begin) {
-    return fmt::format("{}: data_offsets [{}, {}] end before they begin", who(name), e.begin,
-                       e.end);
+    return fmt::format("{}: data_offsets [{}, {}] end before they begin", tensor_named(name),
+                       e.begin, e.end);
   }
   if (e.end > data_buffer_size) {
-    return fmt::format("{}: data_offsets [{}, {}] exceed the data buffer of {} bytes", who(name),
-                       e.begin, e.end, data_buffer_size);
+    return fmt::format("{}: data_offsets [{}, {}] exceed the data buffer of {} bytes",
+                       tensor_named(name), e.begin, e.end, data_buffer_size);
   }
   const auto nbytes = checked_nbytes(e.shape, e.dtype);
   if (!nbytes) {
-    return fmt::format("{}: shape {} of {} overflows 64-bit byte sizes", who(name),
+    return fmt::format("{}: shape {} of {} overflows 64-bit byte sizes", tensor_named(name),
                        format_shape(e.shape), dtype_name(e.dtype));
   }
   if (*nbytes != e.end - e.begin) {
     return fmt::format("{}: data_offsets [{}, {}] hold {} bytes but shape {} of {} needs {}",
-                       who(name), e.begin, e.end, e.end - e.begin, format_shape(e.shape),
+                       tensor_named(name), e.begin, e.end, e.end - e.begin, format_shape(e.shape),
                        dtype_name(e.dtype), *nbytes);
   }
   return std::nullopt;
@@ -232,7 +221,8 @@ class HeaderParser final : public json::json_sax_t {
 
   bool key(json::string_t& key) override {
     if (!depth_ok()) return false;
-    if (open_objects_ == 1 && key != kMetadataKey && ++tensors_ > kMaxSafetensorsTensors) {
+    if (open_objects_ == 1 && key != kSafetensorsMetadataKey &&
+        ++tensors_ > kMaxSafetensorsTensors) {
       return stop(fmt::format("header declares more than {} tensors, the limit of one file",
                               kMaxSafetensorsTensors));
     }
@@ -320,14 +310,15 @@ class HeaderParser final : public json::json_sax_t {
     }
     switch (frames_.back().role) {
       case Role::root:
-        if (key_ == kMetadataKey) {
+        if (key_ == kSafetensorsMetadataKey) {
           if (v.kind == Kind::object) return Role::metadata;
           note(key_, {}, fmt::format("__metadata__ must be an object, got {}", v.type_name()));
           return Role::ignored;
         }
         if (v.kind != Kind::object) {
           note(key_, {},
-               fmt::format("{}: entry must be a JSON object, got {}", who(key_), v.type_name()));
+               fmt::format("{}: entry must be a JSON object, got {}", tensor_named(key_),
+                           v.type_name()));
           return Role::ignored;
         }
         facts_ = EntryFacts{};
@@ -351,7 +342,7 @@ class HeaderParser final : public json::json_sax_t {
         if (v.kind == Kind::string) {
           out_.metadata.emplace(key_, std::move(v.text));
         } else {
-          note(std::string(kMetadataKey), key_,
+          note(std::string(kSafetensorsMetadataKey), key_,
                fmt::format("__metadata__ value for {} must be a string, got {}", in_quotes(key_),
                            v.type_name()));
         }
@@ -411,9 +402,9 @@ void check_coverage(const std::vector<SafetensorsEntry>& entries, std::uint64_t 
   const SafetensorsEntry* previous = nullptr;
   for (const auto* entry : by_offset) {
     if (entry->begin < covered) {
-      fail(label, fmt::format("{}: data_offsets [{}, {}] overlap {} [{}, {}]", who(entry->name),
-                              entry->begin, entry->end, who(previous->name), previous->begin,
-                              previous->end));
+      fail(label, fmt::format("{}: data_offsets [{}, {}] overlap {} [{}, {}]",
+                              tensor_named(entry->name), entry->begin, entry->end,
+                              tensor_named(previous->name), previous->begin, previous->end));
     }
     if (entry->begin > covered) {
       fail(label, fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered,

@@ -40,6 +40,10 @@ std::string in_quotes(std::string_view text) {
   return out;
 }
 
+std::string tensor_named(std::string_view name) {
+  return fmt::format("tensor {}", in_quotes(name));
+}
+
 std::string in_quotes_list(const std::vector<std::string>& names, std::size_t max_names) {
   std::string out;
   for (std::size_t i = 0; i < names.size() && i < max_names; ++i) {
