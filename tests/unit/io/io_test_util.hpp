@@ -138,4 +138,30 @@ inline const std::vector<std::vector<std::int64_t>>& test_shapes() {
   return shapes;
 }
 
+// A bad file of a format's tests: the fragment its error must contain.
+struct BadCase {
+  std::string name;
+  std::string bytes;
+  std::string fragment;
+};
+
+// Every case refused with a ContractError naming the input, both from a file
+// (<name><extension>, through each of `readers`) and from memory (`parse(bytes, label)`).
+template <class Parse>
+void expect_every_case_refused(
+    const std::vector<BadCase>& cases, std::string_view extension,
+    const std::vector<std::function<void(const std::filesystem::path&)>>& readers, Parse&& parse) {
+  ScratchDir dir;
+  for (const auto& bad : cases) {
+    SCOPED_TRACE(bad.name);
+    const auto path = dir / (bad.name + std::string(extension));
+    write_file(path, bad.bytes);
+    for (const auto& read : readers) {
+      expect_contract_error([&] { read(path); }, path.string(), bad.fragment);
+    }
+    const std::string label = "mem" + std::string(extension);
+    expect_contract_error([&] { parse(bytes_of(bad.bytes), label); }, label, bad.fragment);
+  }
+}
+
 }  // namespace detlogp::io::testing

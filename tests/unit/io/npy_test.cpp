@@ -12,7 +12,9 @@
 namespace detlogp::io {
 namespace {
 
+using testing::BadCase;
 using testing::bytes_of;
+using testing::expect_every_case_refused;
 using testing::expect_contract_error;
 using testing::pattern_tensor;
 using testing::ScratchDir;
@@ -120,12 +122,6 @@ TEST(NpyRoundTrip, EveryDTypeAndShape) {
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"logits.npy"}));
 }
 
-struct BadCase {
-  std::string name;
-  std::string bytes;
-  std::string fragment;
-};
-
 std::string dict_with(std::string_view descr, std::string_view order, std::string_view shape) {
   return "{'descr': " + std::string(descr) + ", 'fortran_order': " + std::string(order) +
          ", 'shape': " + std::string(shape) + ", }";
@@ -215,16 +211,11 @@ std::vector<BadCase> bad_cases() {
 }
 
 TEST(NpyBadInput, EveryCaseIsAContractErrorNamingTheFile) {
+  expect_every_case_refused(
+      bad_cases(), ".npy",
+      {[](const auto& path) { read_npy(path); }, [](const auto& path) { read_tensor(path); }},
+      [](std::span<const std::byte> bytes, const std::string& label) { parse_npy(bytes, label); });
   ScratchDir dir;
-  for (const auto& bad : bad_cases()) {
-    SCOPED_TRACE(bad.name);
-    const auto path = dir / (bad.name + ".npy");
-    write_file(path, bad.bytes);
-    expect_contract_error([&] { read_npy(path); }, path.string(), bad.fragment);
-    expect_contract_error([&] { read_tensor(path); }, path.string(), bad.fragment);
-    expect_contract_error([&] { parse_npy(bytes_of(bad.bytes), "mem.npy"); }, "mem.npy",
-                          bad.fragment);
-  }
   const auto missing = dir / "missing.npy";
   expect_contract_error([&] { read_npy(missing); }, missing.string(), "file not found");
 }

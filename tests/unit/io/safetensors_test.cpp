@@ -13,7 +13,9 @@
 namespace detlogp::io {
 namespace {
 
+using testing::BadCase;
 using testing::bytes_of;
+using testing::expect_every_case_refused;
 using testing::expect_contract_error;
 using testing::le64;
 using testing::pattern_tensor;
@@ -131,13 +133,6 @@ TEST(SafetensorsSelect, ByNameOnlyTensorOrListsNames) {
   expect_contract_error([&] { read_safetensors_tensor(none); }, none.string(), "holds no tensors");
 }
 
-// Each bad file: the fragment its error must contain.
-struct BadCase {
-  std::string name;
-  std::string bytes;
-  std::string fragment;
-};
-
 std::string entry_file(std::string_view entry, std::string_view data) {
   return safetensors_bytes(std::string(R"({"t":)") + std::string(entry) + "}", data);
 }
@@ -239,16 +234,12 @@ std::vector<BadCase> bad_cases() {
 }
 
 TEST(SafetensorsBadInput, EveryCaseIsAContractErrorNamingTheFile) {
-  ScratchDir dir;
-  for (const auto& bad : bad_cases()) {
-    SCOPED_TRACE(bad.name);
-    const auto path = dir / (bad.name + ".safetensors");
-    write_file(path, bad.bytes);
-    expect_contract_error([&] { read_safetensors_tensor(path); }, path.string(), bad.fragment);
-    expect_contract_error([&] { read_tensor(path, "t"); }, path.string(), bad.fragment);
-    expect_contract_error([&] { parse_safetensors(bytes_of(bad.bytes), "mem.safetensors"); },
-                          "mem.safetensors", bad.fragment);
-  }
+  expect_every_case_refused(bad_cases(), ".safetensors",
+                            {[](const auto& path) { read_safetensors_tensor(path); },
+                             [](const auto& path) { read_tensor(path, "t"); }},
+                            [](std::span<const std::byte> bytes, const std::string& label) {
+                              parse_safetensors(bytes, label);
+                            });
 }
 
 TEST(SafetensorsBadInput, MissingFileDirectoryAndExtension) {
