@@ -72,10 +72,9 @@ int64_t resolve_tile_width(const LogprobOptions& o, int64_t padded) {
   return w;
 }
 
-}  // namespace
-
-int logprob_command(const LogprobOptions& o) {
-  // Options first, so that nothing is read (or computed) for a command that cannot succeed.
+// The checks of the options alone, so that nothing is read (or computed) for a command that
+// cannot succeed.
+void check_logprob_options(const LogprobOptions& o) {
   if (io::tensor_file_format(o.out) != io::TensorFileFormat::safetensors) {
     throw UsageError(fmt::format(
         "{}: --out must be a .safetensors file (it holds logp, lse, entropy, grad_logits)", o.out));
@@ -99,7 +98,7 @@ int logprob_command(const LogprobOptions& o) {
     }
   }
   check_in_process_tp(o.tp, "--tp");
-  const std::chrono::milliseconds timeout = parse_collective_timeout(o.collective_timeout);
+  parse_collective_timeout(o.collective_timeout);
   if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
     throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
   }
@@ -107,141 +106,132 @@ int logprob_command(const LogprobOptions& o) {
     throw UsageError("--grad-entropy needs --entropy (the entropy gradient needs the entropy)");
   }
   if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
-  const Device device = parse_device(o.device);
-  init_device(device);
+}
 
+bool wants_gradient(const LogprobOptions& o) {
+  return !o.grad_logp.empty() || !o.grad_lse.empty() || !o.grad_entropy.empty();
+}
+
+// What the files hold, checked against each other.
+struct LogprobInputs {
+  io::Tensor logits_tensor;
+  LogitsView logits;
+  int64_t real = 0;
+  std::vector<int64_t> targets;
+  std::vector<bool> active;
+  std::vector<float> grad_logp, grad_lse, grad_entropy;
+};
+
+LogprobInputs read_inputs(const LogprobOptions& o) {
   // Memory, up front: the logits and, when any gradient is asked for, a gradient of the same
   // size, against what this process may still allocate (before anything is read).
-  const bool wants_gradient =
-      !o.grad_logp.empty() || !o.grad_lse.empty() || !o.grad_entropy.empty();
+  const bool gradient = wants_gradient(o);
   {
     const io::TensorInfo info = io::read_tensor_info(o.logits, "logits");
     io::require_memory(
-        io::checked_product({info.nbytes, wants_gradient ? 2u : 1u}, "the logits and gradient"),
+        io::checked_product({info.nbytes, gradient ? 2u : 1u}, "the logits and gradient"),
         fmt::format("{}: the logits {} of {}{}", o.logits, io::format_shape(info.shape),
-                    io::dtype_name(info.dtype), wants_gradient ? " and their gradient" : ""),
-        wants_gradient ? "use a file with fewer tokens, or no --grad-* options (no gradient)"
-                       : "use a file with fewer tokens");
+                    io::dtype_name(info.dtype), gradient ? " and their gradient" : ""),
+        gradient ? "use a file with fewer tokens, or no --grad-* options (no gradient)"
+                 : "use a file with fewer tokens");
   }
-
-  // Inputs.
-  const io::Tensor logits_t = io::read_tensor(o.logits, "logits");
-  const LogitsView logits = io::as_logits_view(logits_t, o.logits);
-  const int64_t tokens = logits.rows, padded = logits.cols;
+  LogprobInputs in;
+  in.logits_tensor = io::read_tensor(o.logits, "logits");
+  in.logits = io::as_logits_view(in.logits_tensor, o.logits);
+  const int64_t tokens = in.logits.rows, padded = in.logits.cols;
   if (tokens == 0 || padded == 0) {
     throw ContractError(
         fmt::format("{}: tensor '{}' has shape {}; expected [tokens > 0, vocab > 0]", o.logits,
-                    logits_t.name, io::format_shape(logits_t.shape)));
+                    in.logits_tensor.name, io::format_shape(in.logits_tensor.shape)));
   }
   const io::Tensor targets_t = io::read_tensor(o.targets, "targets");
-  const std::vector<int64_t> targets = io::to_int64_vector(targets_t, o.targets);
+  in.targets = io::to_int64_vector(targets_t, o.targets);
   check_per_token(targets_t, o.targets, tokens, o.logits);
-  std::vector<bool> active(static_cast<std::size_t>(tokens), true);
+  in.active.assign(static_cast<std::size_t>(tokens), true);
   if (!o.mask.empty()) {
     const io::Tensor mask_t = io::read_tensor(o.mask, "mask");
     const std::vector<uint8_t> mask = io::to_mask_vector(mask_t, o.mask);
     check_per_token(mask_t, o.mask, tokens, o.logits);
-    for (std::size_t i = 0; i < mask.size(); ++i) active[i] = mask[i] != 0;
+    for (std::size_t i = 0; i < mask.size(); ++i) in.active[i] = mask[i] != 0;
   }
-  const int64_t real = o.real_vocab.value_or(padded);
-  if (real < 1 || real > padded) {
-    throw UsageError(fmt::format("--real-vocab {} must be in [1, {}] (the width of {})", real,
+  in.real = o.real_vocab.value_or(padded);
+  if (in.real < 1 || in.real > padded) {
+    throw UsageError(fmt::format("--real-vocab {} must be in [1, {}] (the width of {})", in.real,
                                  padded, o.logits));
   }
   for (int64_t i = 0; i < tokens; ++i) {
-    if (active[i] && (targets[i] < 0 || targets[i] >= real)) {
+    if (in.active[i] && (in.targets[i] < 0 || in.targets[i] >= in.real)) {
       throw ContractError(
           fmt::format("{}: target {} of active token {} is outside the real vocabulary [0, {})",
-                      o.targets, targets[i], i, real));
+                      o.targets, in.targets[i], i, in.real));
     }
   }
-  const std::vector<float> grad_logp = read_grad(o.grad_logp, "grad_logp", tokens, o.logits);
-  const std::vector<float> grad_lse = read_grad(o.grad_lse, "grad_lse", tokens, o.logits);
-  const std::vector<float> grad_entropy =
-      read_grad(o.grad_entropy, "grad_entropy", tokens, o.logits);
+  in.grad_logp = read_grad(o.grad_logp, "grad_logp", tokens, o.logits);
+  in.grad_lse = read_grad(o.grad_lse, "grad_lse", tokens, o.logits);
+  in.grad_entropy = read_grad(o.grad_entropy, "grad_entropy", tokens, o.logits);
+  return in;
+}
 
-  // The TP layout: whole tiles, the first ranks take the extra tiles.
-  const int64_t w = resolve_tile_width(o, padded);
-  const std::vector<VocabRange> bounds = even_tile_aligned_bounds(padded, o.tp, w);
-  ScoreRequest req{
-      .dtype = logits.dtype,
-      .real_vocab = real,
-      .padded_vocab = padded,
-      .bounds = bounds,
-      .tile_width = w,
-      .temperature = o.temperature,
-      .backend = o.backend,
-      .platform = platform_of(device),
-      .deterministic = o.deterministic,
-      .entropy = o.entropy,
-      .targets = targets,
-      .active = &active,
-      .grads = {.grad_logp = grad_logp, .grad_lse = grad_lse, .grad_entropy = grad_entropy},
-      .collective_timeout = timeout};
+// Every rank of the --tp group on the in-process group (the logits and gradient on the GPU
+// under --device cuda); the gradient lands in `grad_t`.
+std::vector<RankScore> score(const LogprobOptions& o, const ScoreRequest& req,
+                             const LogprobInputs& in, io::Tensor& grad_t, Device device) {
   const bool backward = wants_backward(req.grads);
-  if (backward) {
-    io::require_memory(logits_t.data.size(),
-                       fmt::format("the gradient of {} ({} x {} of {})", o.logits, tokens, padded,
-                                   to_string(logits.dtype)),
-                       "use a file with fewer tokens, or no --grad-* options (no gradient)");
-  }
-  io::Tensor grad_t{.name = "grad_logits",
-                    .dtype = logits_t.dtype,
-                    .shape = {tokens, padded},
-                    .data = io::allocate_bytes(backward ? logits_t.data.size() : 0,
-                                               "allocating the logits gradient")};
   const MutableLogitsView grad =
       backward ? io::as_mutable_logits_view(grad_t, o.out) : MutableLogitsView{};
   // --device cuda: the logits (same row stride) and the gradient on the GPU; the gradient
   // comes back into grad_t for the output file.
-  LogitsView scored_logits = logits;
+  LogitsView scored_logits = in.logits;
   MutableLogitsView scored_grad = grad;
   DeviceBuffer device_logits, device_grad;
   if (device != Device::cpu) {
-    device_logits = DeviceBuffer(device, logits_t.data.size());
-    device_logits.upload(logits_t.data.data(), logits_t.data.size());
+    const std::vector<std::byte>& bytes = in.logits_tensor.data;
+    device_logits = DeviceBuffer(device, bytes.size());
+    device_logits.upload(bytes.data(), bytes.size());
     scored_logits.data = device_logits.data();
     if (backward) {
       device_grad = DeviceBuffer(device, grad_t.data.size());
       scored_grad.data = device_grad.data();
     }
   }
-  std::vector<RankScore> ranks;
   try {
-    ranks = score_in_process(req, scored_logits, scored_grad, resolve_threads(o.threads));
+    std::vector<RankScore> ranks =
+        score_in_process(req, scored_logits, scored_grad, resolve_threads(o.threads));
     if (backward && device != Device::cpu) {
       device_grad.download(grad_t.data.data(), grad_t.data.size());
     }
+    return ranks;
   } catch (const ContractError& e) {
     // What the operator still refuses is about the logits (a non-finite active row).
     throw ContractError(fmt::format("{}: {}", o.logits, e.what()));
   }
-  const RankScore& r0 = ranks[0];
+}
 
-  // Outputs, all or nothing: both temp files are created and written in full, then renamed into
-  // place together (commit_all), so a failure anywhere (a bad path, a full disk, an I/O error
-  // on either file) leaves every old file at these paths as it was.
+// The outputs, all or nothing: both temp files are created and written in full, then renamed
+// into place together (commit_all), so a failure anywhere (a bad path, a full disk, an I/O
+// error on either file) leaves every old file at these paths as it was. Then the summary.
+void write_outputs(const LogprobOptions& o, const LogprobInputs& in, const ScoreRequest& req,
+                   const RankScore& r0, const io::Tensor& grad_t) {
   std::optional<io::AtomicOutputFile> provenance;
   if (!o.provenance.empty()) provenance.emplace(o.provenance);
   io::AtomicOutputFile tensors_out(o.out);
-  const int64_t n = tokens;
   std::vector<io::TensorRef> out;
-  const std::vector<int64_t> shape1{n};
+  const std::vector<int64_t> shape1{in.logits.rows};
   auto as_ref = [&](const char* name, const std::vector<float>& v) {
     return io::TensorRef{name, io::TensorDType::F32, shape1, std::as_bytes(std::span(v))};
   };
   out.push_back(as_ref("logp", r0.result.logp));
   out.push_back(as_ref("lse", r0.result.lse));
   if (o.entropy) out.push_back(as_ref("entropy", r0.result.entropy));
-  if (backward) out.push_back(grad_t.ref());
+  if (wants_backward(req.grads)) out.push_back(grad_t.ref());
   const io::Metadata metadata{{"producer", fmt::format("detlogp {}", version())},
                               {"numerics_version", std::string(kNumericsVersion)},
                               {"backend", r0.actual_backend},
                               {"kernel", r0.kernel},
                               {"contract_fingerprint", r0.contract_fingerprint},
-                              {"real_vocab", std::to_string(real)},
+                              {"real_vocab", std::to_string(in.real)},
                               {"tp", std::to_string(o.tp)},
-                              {"tile_width", std::to_string(w)},
+                              {"tile_width", std::to_string(req.tile_width)},
                               {"temperature", fmt::format("{}", o.temperature)},
                               {"deterministic", o.deterministic ? "true" : "false"}};
   io::write_tensors_to(tensors_out, out, metadata);
@@ -250,8 +240,9 @@ int logprob_command(const LogprobOptions& o) {
   const std::string summary = fmt::format(
       "wrote {}: {} for {} tokens ({} active) x {} vocab ({} real), {}, TP {}, tile width {}, "
       "backend {} ({})\n",
-      o.out, names, tokens, std::count(active.begin(), active.end(), true), padded, real,
-      to_string(logits.dtype), o.tp, w, r0.actual_backend, r0.kernel);
+      o.out, names, in.logits.rows, std::count(in.active.begin(), in.active.end(), true),
+      in.logits.cols, in.real, to_string(in.logits.dtype), o.tp, req.tile_width, r0.actual_backend,
+      r0.kernel);
   std::vector<io::AtomicOutputFile*> outputs{&tensors_out};
   if (provenance) {
     nlohmann::json j = nlohmann::json::parse(r0.provenance_json);
@@ -263,6 +254,50 @@ int logprob_command(const LogprobOptions& o) {
   io::commit_all(outputs);
   std::fputs(summary.c_str(), stdout);
   if (provenance) std::printf("wrote %s\n", o.provenance.c_str());
+}
+
+}  // namespace
+
+int logprob_command(const LogprobOptions& o) {
+  check_logprob_options(o);
+  const Device device = parse_device(o.device);
+  init_device(device);
+  const LogprobInputs in = read_inputs(o);
+
+  // The TP layout: whole tiles, the first ranks take the extra tiles.
+  const int64_t padded = in.logits.cols;
+  const int64_t w = resolve_tile_width(o, padded);
+  const ScoreRequest req{.dtype = in.logits.dtype,
+                         .real_vocab = in.real,
+                         .padded_vocab = padded,
+                         .bounds = even_tile_aligned_bounds(padded, o.tp, w),
+                         .tile_width = w,
+                         .temperature = o.temperature,
+                         .backend = o.backend,
+                         .platform = platform_of(device),
+                         .deterministic = o.deterministic,
+                         .entropy = o.entropy,
+                         .targets = in.targets,
+                         .active = &in.active,
+                         .grads = {.grad_logp = in.grad_logp,
+                                   .grad_lse = in.grad_lse,
+                                   .grad_entropy = in.grad_entropy},
+                         .collective_timeout = parse_collective_timeout(o.collective_timeout)};
+  const bool backward = wants_backward(req.grads);
+  const std::size_t grad_bytes = in.logits_tensor.data.size();
+  if (backward) {
+    io::require_memory(grad_bytes,
+                       fmt::format("the gradient of {} ({} x {} of {})", o.logits, in.logits.rows,
+                                   padded, to_string(in.logits.dtype)),
+                       "use a file with fewer tokens, or no --grad-* options (no gradient)");
+  }
+  io::Tensor grad_t{
+      .name = "grad_logits",
+      .dtype = in.logits_tensor.dtype,
+      .shape = {in.logits.rows, padded},
+      .data = io::allocate_bytes(backward ? grad_bytes : 0, "allocating the logits gradient")};
+  const std::vector<RankScore> ranks = score(o, req, in, grad_t, device);
+  write_outputs(o, in, req, ranks[0], grad_t);
   return kExitOk;
 }
 
