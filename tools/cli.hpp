@@ -80,7 +80,7 @@ struct BenchOptions {
 
 // Each returns the process exit code; bad input throws (ContractError, UsageError), which
 // main() reports and turns into exit 2.
-int run_command(const RunOptions& options, int* argc, char*** argv);
+int run_command(const RunOptions& options, int* argc, char*** argv);      // logits or --fused
 int fused_run_command(const RunOptions& options);                         // run --fused
 int run_mpi_command(const RunOptions& options, int* argc, char*** argv);  // DETLOGP_CLI_WITH_MPI
 int logprob_command(const LogprobOptions& options);

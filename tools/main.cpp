@@ -162,10 +162,7 @@ int main(int argc, char** argv) {
     }
     if (run->parsed()) {
       command = "detlogp run";
-      if (run_opts.fused) {
-        if (run->count("--tokens") == 0) run_opts.tokens = 8;
-        return fused_run_command(run_opts);
-      }
+      if (run_opts.fused && run->count("--tokens") == 0) run_opts.tokens = 8;
       return run_command(run_opts, &argc, &argv);
     }
     if (logprob->parsed()) {

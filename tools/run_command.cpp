@@ -1,7 +1,9 @@
 // `detlogp run`: the README's main job. A keyed synthetic Qwen3-shaped batch through the
 // registry at every requested TP degree on the in-process rank group (forward with entropy,
 // backward with all three gradients), checked bitwise across TP degrees and against a float64
-// reference. Under `mpirun ... detlogp run --comm mpi` the work goes to run_mpi.cpp.
+// reference. The op kind and the transport pick the path: --fused goes to
+// fused_run_command.cpp, `mpirun ... detlogp run --comm mpi` to run_mpi.cpp; all of them share
+// the scenario, scoring and report code.
 
 #include <cmath>
 #include <cstdlib>
@@ -90,6 +92,7 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 }
 
 int run_command(const RunOptions& o, int* argc, char*** argv) {
+  if (o.fused) return fused_run_command(o);  // the op kind first: --fused has its own checks
   const std::string comm = resolve_comm(o.comm);
   check_run_options(o);
   const Device device = parse_device(o.device);
