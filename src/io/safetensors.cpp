@@ -18,9 +18,7 @@
 namespace detlogp::io {
 namespace {
 
-using detail::fail;
-using detail::in_quotes;
-using detail::tensor_named;
+using namespace detail;  // fail, in_quotes, tensor_named
 using nlohmann::json;
 
 struct WritePlan {

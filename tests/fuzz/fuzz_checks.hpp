@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,17 +18,16 @@ namespace fuzz {
   std::abort();
 }
 
-// Runs parse(): true when it returned, false when it refused the input as it should.
+// parse(): what it returns, or nothing when it refused the input as it should.
 template <class Parse>
-bool parses(std::string_view label, Parse&& parse) {
+auto parsed(std::string_view label, Parse&& parse) -> std::optional<decltype(parse())> {
   try {
-    parse();
-    return true;
+    return parse();
   } catch (const detlogp::ContractError& error) {
     const std::string message = error.what();
     if (message.rfind(std::string(label) + ": ", 0) != 0) finding("unlabelled error", message);
     if (message.find('\n') != std::string::npos) finding("multi-line error", message);
-    return false;
+    return std::nullopt;
   }
 }
 

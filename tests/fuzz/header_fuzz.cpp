@@ -64,12 +64,12 @@ std::string build(const std::uint8_t* data, std::size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string header = build(data, size);
   const std::uint64_t data_buffer_size = size > 0 ? data[size - 1] : 0;
-  fuzz::parses(kLabel, [&] {
-    const detlogp::io::SafetensorsHeader parsed = detlogp::io::parse_safetensors_header(
-        std::as_bytes(std::span(header)), data_buffer_size, kLabel);
-    if (parsed.entries.size() > detlogp::io::kMaxSafetensorsTensors) {
-      fuzz::finding("tensor cap", std::to_string(parsed.entries.size()) + " entries");
-    }
+  const auto parsed = fuzz::parsed(kLabel, [&] {
+    return detlogp::io::parse_safetensors_header(std::as_bytes(std::span(header)), data_buffer_size,
+                                                 kLabel);
   });
+  if (parsed && parsed->entries.size() > detlogp::io::kMaxSafetensorsTensors) {
+    fuzz::finding("tensor cap", std::to_string(parsed->entries.size()) + " entries");
+  }
   return 0;
 }

@@ -11,17 +11,14 @@
 #include "fuzz_checks.hpp"
 #include "io/npy.hpp"
 
-namespace {
-
 constexpr std::string_view kLabel = "fuzz.npy";
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace detlogp::io;
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
-  Tensor tensor;
-  if (!fuzz::parses(kLabel, [&] { tensor = parse_npy(bytes, kLabel, "x"); })) return 0;
+  const auto read = fuzz::parsed(
+      kLabel, [&] { return parse_npy(std::as_bytes(std::span(data, size)), kLabel, "x"); });
+  if (!read) return 0;
+  const Tensor& tensor = *read;
   const std::vector<std::byte> written = serialize_npy(tensor.ref(), kLabel);
   const Tensor again = parse_npy(written, kLabel, "x");
   if (again.dtype != tensor.dtype || again.shape != tensor.shape || again.data != tensor.data) {

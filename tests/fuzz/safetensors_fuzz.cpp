@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -11,17 +12,14 @@
 #include "fuzz_checks.hpp"
 #include "io/safetensors.hpp"
 
-namespace {
-
 constexpr std::string_view kLabel = "fuzz.safetensors";
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace detlogp::io;
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
-  SafetensorsContents contents;
-  if (!fuzz::parses(kLabel, [&] { contents = parse_safetensors(bytes, kLabel); })) return 0;
+  const std::optional<SafetensorsContents> read = fuzz::parsed(
+      kLabel, [&] { return parse_safetensors(std::as_bytes(std::span(data, size)), kLabel); });
+  if (!read) return 0;
+  const SafetensorsContents& contents = *read;
   std::vector<TensorRef> refs;
   for (const auto& tensor : contents.tensors) refs.push_back(tensor.ref());
   const std::vector<std::byte> written = serialize_safetensors(refs, contents.metadata, kLabel);

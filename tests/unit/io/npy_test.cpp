@@ -12,15 +12,7 @@
 namespace detlogp::io {
 namespace {
 
-using testing::BadCase;
-using testing::bytes_of;
-using testing::expect_every_case_refused;
-using testing::expect_contract_error;
-using testing::pattern_tensor;
-using testing::ScratchDir;
-using testing::string_of;
-using testing::values_of;
-using testing::write_file;
+using namespace testing;  // io_test_util.hpp
 
 const std::string kMagic = "\x93NUMPY";
 

@@ -13,17 +13,7 @@
 namespace detlogp::io {
 namespace {
 
-using testing::BadCase;
-using testing::bytes_of;
-using testing::expect_every_case_refused;
-using testing::expect_contract_error;
-using testing::le64;
-using testing::pattern_tensor;
-using testing::safetensors_bytes;
-using testing::ScratchDir;
-using testing::string_of;
-using testing::values_of;
-using testing::write_file;
+using namespace testing;  // io_test_util.hpp
 
 const std::string kI32Data("\x01\0\0\0\x02\0\0\0\x03\0\0\0\x04\0\0\0", 16);
 
