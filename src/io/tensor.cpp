@@ -3,6 +3,8 @@
 #include <array>
 #include <bit>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -117,27 +119,25 @@ std::optional<TensorDType> dtype_from_npy_descr(std::string_view descr) noexcept
   return std::nullopt;
 }
 
+namespace {
+
+// The tensor dtypes that hold logits, and the logits dtype of each.
+constexpr std::pair<TensorDType, DType> kLogitsDTypes[] = {{TensorDType::F32, DType::fp32},
+                                                           {TensorDType::F16, DType::fp16},
+                                                           {TensorDType::BF16, DType::bf16}};
+
+}  // namespace
+
 std::optional<DType> logits_dtype(TensorDType dtype) noexcept {
-  switch (dtype) {
-    case TensorDType::F32:
-      return DType::fp32;
-    case TensorDType::F16:
-      return DType::fp16;
-    case TensorDType::BF16:
-      return DType::bf16;
-    default:
-      return std::nullopt;
+  for (const auto& [tensor, logits] : kLogitsDTypes) {
+    if (tensor == dtype) return logits;
   }
+  return std::nullopt;
 }
 
 TensorDType tensor_dtype(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::fp32:
-      return TensorDType::F32;
-    case DType::fp16:
-      return TensorDType::F16;
-    case DType::bf16:
-      return TensorDType::BF16;
+  for (const auto& [tensor, logits] : kLogitsDTypes) {
+    if (logits == dtype) return tensor;
   }
   return TensorDType::F32;
 }

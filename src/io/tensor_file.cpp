@@ -38,18 +38,28 @@ TensorInfo read_tensor_info(const std::filesystem::path& path, std::string_view 
   return {header.dtype, std::move(header.shape), header.data_bytes};
 }
 
+namespace {
+
+// What an .npy output can hold: exactly one tensor, no metadata.
+const TensorRef& the_npy_tensor(std::span<const TensorRef> tensors, const Metadata& metadata,
+                                std::string_view label) {
+  if (tensors.size() != 1) {
+    detail::fail(label,
+                 fmt::format("an .npy file holds exactly one tensor, got {}", tensors.size()));
+  }
+  if (!metadata.empty()) detail::fail(label, "an .npy file cannot hold metadata");
+  return tensors.front();
+}
+
+}  // namespace
+
 void write_tensors(const std::filesystem::path& path, std::span<const TensorRef> tensors,
                    const Metadata& metadata) {
   if (tensor_file_format(path) == TensorFileFormat::safetensors) {
     write_safetensors(path, tensors, metadata);
     return;
   }
-  if (tensors.size() != 1) {
-    detail::fail(path.string(),
-                 fmt::format("an .npy file holds exactly one tensor, got {}", tensors.size()));
-  }
-  if (!metadata.empty()) detail::fail(path.string(), "an .npy file cannot hold metadata");
-  write_npy(path, tensors.front());
+  write_npy(path, the_npy_tensor(tensors, metadata, path.string()));
 }
 
 void write_tensors_to(AtomicOutputFile& out, std::span<const TensorRef> tensors,
@@ -58,12 +68,7 @@ void write_tensors_to(AtomicOutputFile& out, std::span<const TensorRef> tensors,
     write_safetensors_to(out, tensors, metadata);
     return;
   }
-  if (tensors.size() != 1) {
-    detail::fail(out.label(),
-                 fmt::format("an .npy file holds exactly one tensor, got {}", tensors.size()));
-  }
-  if (!metadata.empty()) detail::fail(out.label(), "an .npy file cannot hold metadata");
-  write_npy_to(out, tensors.front());
+  write_npy_to(out, the_npy_tensor(tensors, metadata, out.label()));
 }
 
 }  // namespace detlogp::io
