@@ -5,13 +5,8 @@
 // fused_run_command.cpp, `mpirun ... detlogp run --comm mpi` to run_mpi.cpp; all of them share
 // the scenario, scoring and report code.
 
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
-#include <thread>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -43,53 +38,6 @@ std::string resolve_comm(const std::string& comm) {
 }
 
 }  // namespace
-
-int resolve_threads(int requested) {
-  if (requested > 0) return requested;
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
-int rank_threads(int total, int ranks, int rank) {
-  return std::max(1, total / ranks + (rank < total % ranks ? 1 : 0));
-}
-
-std::chrono::milliseconds parse_collective_timeout(double seconds) {
-  if (!(std::isfinite(seconds) && seconds >= 0 && seconds <= 1e9)) {
-    throw UsageError(fmt::format(
-        "--collective-timeout must be a number of seconds in [0, 1e9] (0: no limit); got {}",
-        seconds));
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
-}
-
-void check_in_process_tp(int64_t tp, const char* option) {
-  if (tp < 1 || tp > kMaxInProcessRanks) {
-    throw UsageError(fmt::format(
-        "{} {} must be in [1, {}]: the in-process group runs every TP rank as a thread of this "
-        "process and the memory of its collectives grows with the square of the degree (use "
-        "--comm mpi for more ranks)",
-        option, tp, kMaxInProcessRanks));
-  }
-}
-
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
-  std::vector<int64_t> out;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, comma - pos);
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || errno != 0 || v <= 0) {
-      throw UsageError(fmt::format(
-          "{} must be a comma-separated list of positive integers; got '{}'", option, text));
-    }
-    out.push_back(v);
-    pos = comma + 1;
-  }
-  return out;
-}
 
 int run_command(const RunOptions& o, int* argc, char*** argv) {
   if (o.fused) return fused_run_command(o);  // the op kind first: --fused has its own checks
