@@ -108,6 +108,86 @@ struct Result {
   double bytes = 0;
 };
 
+// What one bench run measured, for the report.
+struct BenchReport {
+  BenchOptions options;
+  Device device = Device::cpu;
+  std::string backend_id, kernel;
+  int threads = 1;
+  int64_t vocab = 0;          // padded vocabulary (TP 1)
+  double bandwidth_gbps = 0;  // cpu: read bandwidth; cuda: D2D copy bandwidth (read + write)
+  std::vector<Result> results;
+};
+
+// The report: --json one object, else the table.
+void print_bench_report(const BenchReport& r) {
+  const BenchOptions& o = r.options;
+  const bool on_cpu = r.device == Device::cpu;
+  const int64_t n = o.tokens, v = r.vocab;
+  const int threads = r.threads;
+  const double gbps = r.bandwidth_gbps;
+  const double elements = static_cast<double>(n * v);
+  if (o.json) {
+    nlohmann::json j;
+    if (on_cpu) {
+      j["machine"] = {{"read_gbps", gbps},
+                      {"threads", threads},
+                      {"hardware_threads", std::thread::hardware_concurrency()},
+                      {"kernel", r.kernel},
+                      {"simd_targets", simd_targets()}};
+    } else {
+      j["machine"] = {{"device", device_description(r.device)},
+                      {"d2d_copy_gbps", gbps},
+                      {"kernel", r.kernel},
+                      {"backend", r.backend_id}};
+    }
+    j["results"] = nlohmann::json::array();
+    for (const Result& x : r.results) {
+      j["results"].push_back({{"name", x.name},
+                              {"dtype", o.dtype},
+                              {"tokens", n},
+                              {"vocab", v},
+                              {"threads", threads},
+                              {"repeats", o.repeats},
+                              {"seconds_median", x.seconds},
+                              {"elements_per_second", elements / x.seconds},
+                              {"floor_fraction", x.bytes / (gbps * 1e9) / x.seconds}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  if (on_cpu) {
+    std::cout << fmt::format(
+        "detlogp bench: {} tokens x {} vocab, {}, {} thread{}, kernel {}, median of {}\n", n, v,
+        o.dtype, threads, threads == 1 ? "" : "s", r.kernel, o.repeats);
+    std::cout << fmt::format("read bandwidth: {:.2f} GB/s\n\n", gbps);
+  } else {
+    std::cout << fmt::format(
+        "detlogp bench: {} tokens x {} vocab, {}, device {}, backend {} (kernel {}), median of "
+        "{}\n",
+        n, v, o.dtype, device_description(r.device), r.backend_id, r.kernel, o.repeats);
+    std::cout << fmt::format("D2D copy bandwidth: {:.2f} GB/s (read + write)\n\n", gbps);
+  }
+  Table t({"name", "median", "elements/s", "floor fraction", "vs naive"});
+  double naive = 0;
+  for (const Result& x : r.results) {
+    if (x.name == "naive_forward") naive = x.seconds;
+  }
+  for (const Result& x : r.results) {
+    t.add_row({x.name, fmt_seconds(x.seconds), fmt_rate(elements / x.seconds),
+               fmt::format("{:.2f}", x.bytes / (gbps * 1e9) / x.seconds),
+               naive > 0 ? fmt::format("{:.2f}x", naive / x.seconds) : std::string("-")});
+  }
+  std::cout << t.str();
+  if (on_cpu) {
+    std::cout << "floor fraction: bytes moved / read bandwidth / time (1.00 = as fast as reading "
+                 "the logits once; backward counts the gradient write)\n";
+  } else {
+    std::cout << "floor fraction: bytes moved / D2D copy bandwidth / time (1.00 = as fast as "
+                 "copying; backward counts the gradient write)\n";
+  }
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
@@ -227,66 +307,15 @@ int bench_command(const BenchOptions& o) {
                      read_bytes});
   progress.clear();
 
-  const double elements = static_cast<double>(n * v);
-  if (o.json) {
-    nlohmann::json j;
-    if (on_cpu) {
-      j["machine"] = {{"read_gbps", gbps},
-                      {"threads", threads},
-                      {"hardware_threads", std::thread::hardware_concurrency()},
-                      {"kernel", d.op->kernel_name()},
-                      {"simd_targets", simd_targets()}};
-    } else {
-      j["machine"] = {{"device", device_description(device)},
-                      {"d2d_copy_gbps", gbps},
-                      {"kernel", d.op->kernel_name()},
-                      {"backend", backend_id}};
-    }
-    j["results"] = nlohmann::json::array();
-    for (const Result& r : results) {
-      j["results"].push_back({{"name", r.name},
-                              {"dtype", o.dtype},
-                              {"tokens", n},
-                              {"vocab", v},
-                              {"threads", threads},
-                              {"repeats", o.repeats},
-                              {"seconds_median", r.seconds},
-                              {"elements_per_second", elements / r.seconds},
-                              {"floor_fraction", r.bytes / (gbps * 1e9) / r.seconds}});
-    }
-    std::cout << j.dump(2) << "\n";
-    return kExitOk;
-  }
-  if (on_cpu) {
-    std::cout << fmt::format(
-        "detlogp bench: {} tokens x {} vocab, {}, {} thread{}, kernel {}, median of {}\n", n, v,
-        o.dtype, threads, threads == 1 ? "" : "s", d.op->kernel_name(), o.repeats);
-    std::cout << fmt::format("read bandwidth: {:.2f} GB/s\n\n", gbps);
-  } else {
-    std::cout << fmt::format(
-        "detlogp bench: {} tokens x {} vocab, {}, device {}, backend {} (kernel {}), median of "
-        "{}\n",
-        n, v, o.dtype, device_description(device), backend_id, d.op->kernel_name(), o.repeats);
-    std::cout << fmt::format("D2D copy bandwidth: {:.2f} GB/s (read + write)\n\n", gbps);
-  }
-  Table t({"name", "median", "elements/s", "floor fraction", "vs naive"});
-  double naive = 0;
-  for (const Result& r : results) {
-    if (r.name == "naive_forward") naive = r.seconds;
-  }
-  for (const Result& r : results) {
-    t.add_row({r.name, fmt_seconds(r.seconds), fmt_rate(elements / r.seconds),
-               fmt::format("{:.2f}", r.bytes / (gbps * 1e9) / r.seconds),
-               naive > 0 ? fmt::format("{:.2f}x", naive / r.seconds) : std::string("-")});
-  }
-  std::cout << t.str();
-  if (on_cpu) {
-    std::cout << "floor fraction: bytes moved / read bandwidth / time (1.00 = as fast as reading "
-                 "the logits once; backward counts the gradient write)\n";
-  } else {
-    std::cout << "floor fraction: bytes moved / D2D copy bandwidth / time (1.00 = as fast as "
-                 "copying; backward counts the gradient write)\n";
-  }
+  progress.clear();
+  print_bench_report({.options = o,
+                      .device = device,
+                      .backend_id = backend_id,
+                      .kernel = d.op->kernel_name(),
+                      .threads = threads,
+                      .vocab = v,
+                      .bandwidth_gbps = gbps,
+                      .results = results});
   return kExitOk;
 }
 
