@@ -232,6 +232,29 @@ TEST(SafetensorsBadInput, EveryCaseIsAContractErrorNamingTheFile) {
                             });
 }
 
+// Of several problems, the message names the first key in name order (and, within an entry, the
+// first rule), whatever the order of the JSON text; the structure comes before any of them.
+TEST(SafetensorsBadInput, FirstProblemInNameOrder) {
+  const auto refuse = [](const std::string& header, std::string_view fragment) {
+    expect_contract_error(
+        [&] { parse_safetensors(bytes_of(safetensors_bytes(header, "")), "mem.safetensors"); },
+        "mem.safetensors", fragment);
+  };
+  const std::string bad_dtype = R"({"dtype":"F64","shape":[0],"data_offsets":[0,0]})";
+  const std::string bad_shape = R"({"dtype":"F32","shape":[-1],"data_offsets":[0,0]})";
+  refuse(R"({"b":)" + bad_dtype + R"(,"a":)" + bad_shape + "}",
+         "tensor 'a': shape has a negative dimension -1");
+  refuse(R"({"a":)" + bad_shape + R"(,"b":)" + bad_dtype + "}",
+         "tensor 'a': shape has a negative dimension -1");
+  refuse(R"({"z":)" + bad_dtype + R"(,"__metadata__":{"y":1,"x":[]}})",
+         "__metadata__ value for 'x' must be a string, got array");
+  refuse(R"({"t":{"shape":"s","extra":1,"dtype":2}})",
+         "tensor 't': unexpected key 'extra' (expected dtype, shape, data_offsets)");
+  refuse(R"({"t":{"shape":"s","dtype":2,"data_offsets":[0,0]}})",
+         "tensor 't': 'dtype' must be a string, got number");
+  refuse(R"({"a":)" + bad_dtype + R"(,"a":{}})", "header JSON repeats the key 'a'");
+}
+
 TEST(SafetensorsBadInput, MissingFileDirectoryAndExtension) {
   ScratchDir dir;
   const auto missing = dir / "missing.safetensors";
