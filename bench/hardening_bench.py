@@ -57,23 +57,23 @@ def _gather_without_overlap_byte(self, send_view, recv_view, in_place):
 
 def _switch(on):
     """Patches the checks out (on=False) or back in, in this process."""
+    import detlogp._call as dcall
     import detlogp._comm as dcomm
     import detlogp._fused as dfused
-    import detlogp._op as dop
     import detlogp._storage as dstorage
 
     saved = _switch.saved
     if not saved:
-        saved.update(gather=dcomm._Callbacks.all_gather, exclusive=dop.exclusive,
+        saved.update(gather=dcomm._Callbacks.all_gather, exclusive=dcall.exclusive,
                      stamp=dstorage.stamp)
     if on:
         dcomm._Callbacks.all_gather = saved["gather"]
-        dop.exclusive = dfused.exclusive = saved["exclusive"]
-        dop.stamp = dfused.stamp = saved["stamp"]
+        dcall.exclusive = dfused.exclusive = saved["exclusive"]
+        dcall.stamp = dfused.stamp = saved["stamp"]
     else:
         dcomm._Callbacks.all_gather = _gather_without_overlap_byte
-        dop.exclusive = dfused.exclusive = lambda comm: contextlib.nullcontext()
-        dop.stamp = dfused.stamp = lambda x: None
+        dcall.exclusive = dfused.exclusive = lambda comm: contextlib.nullcontext()
+        dcall.stamp = dfused.stamp = lambda x: None
 
 
 _switch.saved = {}
@@ -169,8 +169,10 @@ def _micro():
     print(json.dumps({"check": "stamp", "us": _per_call_us(
         lambda: check_stamp(x, stamp(x), "the logits"), 20000)}), flush=True)
 
-    comm = dcomm._detlogp.CallbackComm(0, 2, "bench", lambda *a: None, lambda: None)
-    dcomm._GUARD_OF_COMM[comm] = dcomm._CallGuard()
+    class GuardedComm(dcomm._detlogp.CallbackComm):
+        guard = dcomm._CallGuard()  # what a TorchDistributedComm carries
+
+    comm = GuardedComm(0, 2, "bench", lambda *a: None, lambda: None)
 
     def guarded():
         with dcomm.exclusive(comm):

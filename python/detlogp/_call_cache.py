@@ -26,14 +26,13 @@ import threading
 import weakref
 
 import numpy as np
-import torch
 
 from . import _detlogp
+from ._buffers import torch_module
 from ._checks import check_int
 from ._comm import Communicator, TorchDistributedComm
 from ._contract import LogprobContract, MaskSpec
 from ._detlogp import LogprobContractError
-from ._op import get_logprob_op
 
 
 def mask_digest(active_bytes):
@@ -151,11 +150,12 @@ class CallCache:
             self._contracts.put(key, contract, (len(active) + 7) // 8)
         return contract
 
-    def op(self, key, contract, platform):
+    def op(self, key, dispatch):
+        """The dispatch result of ``key``: ``dispatch()`` on a miss."""
         with self._lock:
             found = self._ops.get(key)
         if found is None:
-            found = get_logprob_op(contract, "auto", platform=platform)
+            found = dispatch()
             with self._lock:
                 self._ops.put(key, found)
         return found
@@ -163,6 +163,7 @@ class CallCache:
     # --- gradient buffers ----------------------------------------------------------------
     def grad_buffer(self, rows, cols, dtype, device):
         """An uninitialized contiguous [rows, cols] tensor for backward to fill."""
+        torch = torch_module()  # asked for torch gradients only: torch is there
         nbytes = rows * cols * torch.empty((), dtype=dtype).element_size()
         if device.type != "cpu" or self._grad_capacity == 0 or nbytes < self._min_pooled:
             return torch.empty((rows, cols), dtype=dtype, device=device)

@@ -152,7 +152,6 @@ class _CallGuard:
 _GUARDS_LOCK = threading.Lock()
 _GUARD_OF_GROUP = weakref.WeakKeyDictionary()  # process group -> its _CallGuard
 _GUARD_OF_GROUP_ID = {}  # id -> (group, guard) for groups that take no weak reference
-_GUARD_OF_COMM = weakref.WeakKeyDictionary()  # TorchDistributedComm -> its group's guard
 
 
 def _guard_of_group(group):
@@ -167,10 +166,8 @@ def _guard_of_group(group):
 
 
 def _guard_of_comm(comm):
-    try:
-        return _GUARD_OF_COMM.get(comm)
-    except TypeError:  # not weak-referenceable: not a TorchDistributedComm
-        return None
+    """The call guard of a TorchDistributedComm's group; None for any other communicator."""
+    return getattr(comm, "guard", None)
 
 
 def _overlap_message(name, rank):
@@ -231,6 +228,18 @@ def fail_peers(group, error):
     finally:
         if guard is not None:
             guard.leave()
+
+
+@contextlib.contextmanager
+def peers_fail_on_error(group):
+    """The body prepares one call: any exception it raises (a check, or anything else) fails
+    the peers of ``group`` first (``fail_peers``) and then propagates. Every entry point
+    prepares its calls inside it."""
+    try:
+        yield
+    except Exception as error:  # any exception, not only contract errors: fail the peers too
+        fail_peers(group, error)
+        raise
 
 
 class _Callbacks:
@@ -336,7 +345,7 @@ class _Callbacks:
         self._wait(work, "barrier")
 
 
-def TorchDistributedComm(group=None, device="auto", timeout=None):  # noqa: N802 - a class
+class TorchDistributedComm(_detlogp.CallbackComm):
     """A detlogp Communicator over a torch.distributed process group.
 
     ``group=None`` means the default (world) group. The process group must be initialized
@@ -344,30 +353,34 @@ def TorchDistributedComm(group=None, device="auto", timeout=None):  # noqa: N802
     ``device``: where the gathered bytes travel; "auto" follows the backend
     (``transport_device``), None forces CPU tensors, a torch.device forces device tensors.
     ``timeout``: seconds (or a ``datetime.timedelta``) one collective waits for the other ranks
-    before raising ``RuntimeError``; default ``DEFAULT_COLLECTIVE_TIMEOUT``. Pass the result as
+    before raising ``RuntimeError``; default ``DEFAULT_COLLECTIVE_TIMEOUT``. Pass it as
     ``group=`` to an op call to use it.
+
+    The C++ side holds only the two bound methods of its ``_Callbacks`` (no reference back to
+    this object); ``group`` and the group's call guard are kept here.
     """
-    timeout = _check_timeout(timeout)
-    dist = _dist()
-    if not dist.is_available() or not dist.is_initialized():
-        raise LogprobContractError(
-            "a torch.distributed group requires an initialized process group "
-            "(torch.distributed.init_process_group) on every TP rank")
-    if group is None:
-        group = dist.group.WORLD
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise LogprobContractError("this process is not a member of the given process group")
-    size = dist.get_world_size(group)
-    backend = dist.get_backend(group)
-    name = f"torch.distributed:{backend}"
-    guard = _guard_of_group(group)
-    cb = _Callbacks(group, rank, size, name, timeout,
-                    transport_device(backend) if device == "auto" else device, guard)
-    comm = _detlogp.CallbackComm(rank, size, name, cb.all_gather, cb.barrier)
-    with _GUARDS_LOCK:
-        _GUARD_OF_COMM[comm] = guard
-    return comm
+
+    def __init__(self, group=None, device="auto", timeout=None):
+        timeout = _check_timeout(timeout)
+        dist = _dist()
+        if not dist.is_available() or not dist.is_initialized():
+            raise LogprobContractError(
+                "a torch.distributed group requires an initialized process group "
+                "(torch.distributed.init_process_group) on every TP rank")
+        if group is None:
+            group = dist.group.WORLD
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise LogprobContractError("this process is not a member of the given process group")
+        size = dist.get_world_size(group)
+        backend = dist.get_backend(group)
+        name = f"torch.distributed:{backend}"
+        guard = _guard_of_group(group)
+        cb = _Callbacks(group, rank, size, name, timeout,
+                        transport_device(backend) if device == "auto" else device, guard)
+        super().__init__(rank, size, name, cb.all_gather, cb.barrier)
+        self.group = group
+        self.guard = guard
 
 
 def communicator_for(group, tp_world_size):

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _detlogp
 from ._detlogp import LogprobContractError
+from ._dtypes import name_of_torch_dtype
 from ._enums import DType, coerce_enum
 from ._mask import active_from_mask
 
@@ -58,12 +59,10 @@ def _mask(m, tokens):
 
 def _dtype_name(dtype):
     if _is_tensor_dtype(dtype):
-        import torch
-
-        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-        if dtype not in names:
+        name = name_of_torch_dtype(dtype)
+        if name is None:
             raise LogprobContractError(f"dtype must be bf16, fp16 or fp32; got {dtype}")
-        return names[dtype]
+        return name
     return coerce_enum(DType, dtype, "dtype").value
 
 

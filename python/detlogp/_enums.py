@@ -1,4 +1,5 @@
-"""String enums of the logprob contract (docs/contract.md, "Enums").
+"""String enums of the logprob contract (docs/contract.md, "Enums"), built from the C++
+library's value strings.
 
 Every enum is a ``str`` subclass whose members compare equal to their lowercase value strings.
 Contract fields accept a member or its exact (case-sensitive) value string.
@@ -6,6 +7,7 @@ Contract fields accept a member or its exact (case-sensitive) value string.
 
 import enum
 
+from . import _detlogp
 from ._detlogp import LogprobContractError
 
 
@@ -17,63 +19,17 @@ class _StrEnum(str, enum.Enum):
         return f"{type(self).__name__}.{self.name}"
 
 
-class Role(_StrEnum):
-    train = "train"
-    infer = "infer"
+def _contract_enum(name):
+    """The enum ``name`` with the C++ library's value strings (detlogp::enum_values), in its
+    order: the library is the one place the values are written."""
+    values = _detlogp.enum_values(name)
+    return _StrEnum(name, [(v, v) for v in values], module=__name__, qualname=name)
 
 
-class DType(_StrEnum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
-
-
-class Merge(_StrEnum):
-    max_sumexp = "max_sumexp"
-
-
-class MergeAxis(_StrEnum):
-    tp_vocab = "tp_vocab"
-
-
-class ReductionOrder(_StrEnum):
-    global_vocab_shard_index = "global_vocab_shard_index"
-    canonical_tile_tree = "canonical_tile_tree"
-
-
-class Transport(_StrEnum):
-    all_gather = "all_gather"
-
-
-class DowncastPoint(_StrEnum):
-    final_write = "final_write"
-
-
-class Engine(_StrEnum):
-    in_op_reference = "in_op_reference"
-
-
-class TPPlacement(_StrEnum):
-    replicated = "replicated"
-
-
-class DeterminismScope(_StrEnum):
-    fixed_topology = "fixed_topology"
-    cross_tp_bitwise = "cross_tp_bitwise"
-
-
-class MaskMode(_StrEnum):
-    explicit_active_mask = "explicit_active_mask"
-    ignore_index = "ignore_index"
-
-
-class ImplementationKind(_StrEnum):
-    production = "production"
-    reference = "reference"
-
-
-ALL_ENUMS = (Role, DType, Merge, MergeAxis, ReductionOrder, Transport, DowncastPoint, Engine,
-             TPPlacement, DeterminismScope, MaskMode, ImplementationKind)
+# Every contract enum, in the library's order (it fails here if the library adds one).
+ALL_ENUMS = tuple(_contract_enum(name) for name in _detlogp.ENUM_NAMES)
+(Role, DType, Merge, MergeAxis, ReductionOrder, Transport, DowncastPoint, Engine, TPPlacement,
+ DeterminismScope, MaskMode, ImplementationKind) = ALL_ENUMS
 
 RESERVED_DISPATCH_POLICIES = frozenset({"auto", "production", "reference", "deterministic"})
 IMPLEMENTATION_KINDS = frozenset({"production", "reference"})

@@ -14,13 +14,13 @@ every rank, so it must not be all-reduced again. ``weight_shard.grad`` is this r
 import numpy as np
 
 from . import _detlogp
+from ._buffers import grad_array, int64_targets, is_tensor, kernel_threads, raw_view, torch_module
+from ._call import join_without_tokens, run_exclusive
 from ._checks import check_bool, check_int
-from ._comm import communicator_for, exclusive, fail_peers
+from ._comm import communicator_for, exclusive, peers_fail_on_error
 from ._contract import LogprobContract, MaskSpec, ShardingSpec
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
-from ._op import (_grad_array, _is_tensor, _logits_view, _targets, _threads, _torch,
-                  rejoin_on_layout)
 from ._storage import check_stamp, stamp
 
 __all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
@@ -33,10 +33,10 @@ def fused_kernel_names():
 
 def _view(x, name):
     """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
-    if _is_tensor(x) and x.device.type != "cpu":
+    if is_tensor(x) and x.device.type != "cpu":
         raise LogprobContractError(
             f"{name} must be a CPU tensor (the fused lm_head runs on the CPU); got {x.device}")
-    return _logits_view(x, name, shape="")
+    return raw_view(x, name, shape="")
 
 
 def linear_logits(hidden, weight, *, threads=0, kernel=""):
@@ -45,8 +45,8 @@ def linear_logits(hidden, weight, *, threads=0, kernel=""):
     or array (NumPy input) of shape [tokens, weight rows]."""
     hv = _view(hidden, "hidden")
     wv = _view(weight, "weight")
-    if _is_tensor(hidden):
-        out = _torch().empty((hv[2], wv[2]), dtype=_torch().float32)
+    if is_tensor(hidden):
+        out = torch_module().empty((hv[2], wv[2]), dtype=torch_module().float32)
     else:
         out = np.empty((hv[2], wv[2]), dtype=np.float32)
     _detlogp.linear_logits(hidden=hv, weight=wv, out=_view(out, "out"), threads=threads,
@@ -57,12 +57,12 @@ def linear_logits(hidden, weight, *, threads=0, kernel=""):
 def _check_mixed_grad(hidden, weight):
     """A NumPy array next to a torch tensor that requires grad: autograd could not reach the
     tensor through the NumPy side, and its gradient would silently never be set."""
-    torch = _torch()
+    torch = torch_module()
     if torch is None or not torch.is_grad_enabled():
         return
     for name, x, other_name, other in (("weight", weight, "hidden", hidden),
                                        ("hidden", hidden, "weight", weight)):
-        if _is_tensor(x) and x.requires_grad and not _is_tensor(other):
+        if is_tensor(x) and x.requires_grad and not is_tensor(other):
             raise LogprobContractError(
                 f"{name} is a torch tensor that requires grad but {other_name} is a NumPy "
                 f"array: its gradient would never be set. Pass {other_name} as a torch tensor "
@@ -90,98 +90,88 @@ def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_
         temperature=temperature, **kwargs)
 
 
+def _outputs(handle, convert):
+    outs = [convert(handle.logp), convert(handle.lse)]
+    if handle.entropy is not None:
+        outs.append(convert(handle.entropy))
+    return tuple(outs)
+
+
+class _FusedCall:
+    """One call of the fused op, prepared once: the op the registry handed out for the contract,
+    the views and the options. ``run`` is its forward; as a call of _autograd.py it maps
+    (hidden, weight) -> (logp, lse[, entropy]) and backward runs the C++ fused backward."""
+
+    constant_outputs = ()
+
+    def __init__(self, op, hv, wv, targets, contract, comm, entropy, validate, threads):
+        self.op, self.hv, self.wv, self.targets = op, hv, wv, targets
+        self.contract, self.comm = contract, comm
+        self.entropy, self.validate, self.threads = entropy, validate, threads
+        self.handle = self.stamps = None
+
+    def run(self, hidden, weight):
+        """The forward's FusedHandle; ``hidden`` and ``weight`` own the views."""
+        return run_exclusive(self.comm, lambda: _detlogp.fused_forward(
+            op=self.op, hidden=self.hv, weight=self.wv, owners=(hidden, weight),
+            targets=self.targets, contract=self.contract._cpp, comm=self.comm,
+            entropy=self.entropy, validate=self.validate, threads=self.threads))
+
+    def forward(self, inputs):
+        hidden, weight = inputs
+        self.handle = self.run(hidden, weight)
+        self.stamps = stamp(hidden), stamp(weight)  # detects freed storage (_storage.py)
+        return _outputs(self.handle, torch_module().from_numpy)
+
+    def backward(self, inputs, grads, needs):
+        torch = torch_module()
+        hidden, weight = inputs
+        check_stamp(hidden, self.stamps[0], "hidden")
+        check_stamp(weight, self.stamps[1], "weight")
+        gh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if needs[0] else None
+        gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if needs[1] else None
+        grad_logp, grad_lse, grad_entropy = (tuple(grads) + (None,))[:3]
+        with exclusive(self.comm):  # backward exchanges grad_hidden partials
+            self.handle.backward(
+                grad_logp=grad_array(grad_logp), grad_lse=grad_array(grad_lse),
+                grad_entropy=grad_array(grad_entropy),
+                grad_hidden=None if gh is None else _view(gh, "grad_hidden"),
+                grad_weight=None if gw is None else _view(gw, "grad_weight"))
+        return gh, gw
+
+
 def _no_tokens(hidden, weight, comm, entropy):
     """The outputs of a call without tokens, once every rank agreed that none has any: empty
     fp32 outputs; for tensors that require grad, attached to autograd with zero gradients."""
-    if comm is not None and comm.size > 1:
-        def call():
-            _detlogp.preflight_no_tokens(comm)
-        with exclusive(comm):
-            rejoin_on_layout(call, call)
+    join_without_tokens(comm)
     n = 3 if entropy else 2
-    if not _is_tensor(hidden):
+    if not is_tensor(hidden):
         return tuple(np.zeros(0, dtype=np.float32) for _ in range(n))
-    torch = _torch()
-    w = weight if _is_tensor(weight) else None
+    torch = torch_module()
+    w = weight if is_tensor(weight) else None
     if torch.is_grad_enabled() and (hidden.requires_grad or (w is not None and w.requires_grad)):
-        return _no_tokens_function().apply(hidden, w, n)
+        from . import _autograd  # torch is imported: a tensor requires grad
+
+        return _autograd.apply(_NoTokensCall(hidden, w, n), hidden, w)
     return tuple(torch.zeros(0, dtype=torch.float32) for _ in range(n))
 
 
-_NO_TOKENS = None
+class _NoTokensCall:
+    """(hidden [0, H], weight) -> empty outputs; backward: zero gradients."""
 
+    constant_outputs = ()
 
-def _no_tokens_function():
-    global _NO_TOKENS
-    if _NO_TOKENS is None:
-        torch = _torch()
+    def __init__(self, hidden, weight, n):
+        self.specs = [None if t is None else (t.shape, t.dtype) for t in (hidden, weight)]
+        self.n = n
 
-        class NoTokens(torch.autograd.Function):
-            """(hidden [0, H], weight) -> empty outputs; backward: zero gradients."""
+    def forward(self, inputs):
+        torch = torch_module()
+        return tuple(torch.zeros(0, dtype=torch.float32) for _ in range(self.n))
 
-            @staticmethod
-            def forward(ctx, hidden, weight, n):
-                ctx.specs = [None if t is None else (t.shape, t.dtype) for t in (hidden, weight)]
-                return tuple(torch.zeros(0, dtype=torch.float32) for _ in range(n))
-
-            @staticmethod
-            def backward(ctx, *grads):
-                return tuple(None if s is None else torch.zeros(s[0], dtype=s[1])
-                             for s in ctx.specs) + (None,)
-
-        _NO_TOKENS = NoTokens
-    return _NO_TOKENS
-
-
-def _make_function():
-    torch = _torch()
-    from torch.autograd.function import once_differentiable
-
-    class FusedFunction(torch.autograd.Function):
-        """(hidden, weight) -> (logp, lse[, entropy]); backward: the C++ fused backward."""
-
-        @staticmethod
-        def forward(ctx, hidden, weight, run, comm):
-            handle = run(hidden, weight)
-            ctx.handle, ctx.comm = handle, comm
-            ctx.save_for_backward(hidden, weight)  # keeps them alive; detects in-place changes
-            ctx.stamps = stamp(hidden), stamp(weight)  # detects freed storage (_storage.py)
-            ctx.set_materialize_grads(False)
-            outs = [torch.from_numpy(handle.logp), torch.from_numpy(handle.lse)]
-            if handle.entropy is not None:
-                outs.append(torch.from_numpy(handle.entropy))
-            return tuple(outs)
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, grad_logp, grad_lse, grad_entropy=None):
-            hidden, weight = ctx.saved_tensors
-            want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            if grad_logp is None and grad_lse is None and grad_entropy is None:
-                return None, None, None, None
-            check_stamp(hidden, ctx.stamps[0], "hidden")
-            check_stamp(weight, ctx.stamps[1], "weight")
-            gh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if want_h else None
-            gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if want_w else None
-            with exclusive(ctx.comm):  # backward exchanges grad_hidden partials
-                ctx.handle.backward(
-                    grad_logp=_grad_array(grad_logp), grad_lse=_grad_array(grad_lse),
-                    grad_entropy=_grad_array(grad_entropy),
-                    grad_hidden=None if gh is None else _view(gh, "grad_hidden"),
-                    grad_weight=None if gw is None else _view(gw, "grad_weight"))
-            return gh, gw, None, None
-
-    return FusedFunction
-
-
-_FUNCTION = None
-
-
-def _function():
-    global _FUNCTION
-    if _FUNCTION is None:
-        _FUNCTION = _make_function()
-    return _FUNCTION
+    def backward(self, inputs, grads, needs):
+        torch = torch_module()
+        return tuple(None if s is None else torch.zeros(s[0], dtype=s[1]) for s in self.specs)
 
 
 def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=None, contract=None,
@@ -206,16 +196,16 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     TP > 1 every rank must then have none (checked by the preflight).
     """
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
-    try:
+    with peers_fail_on_error(group):
         check_bool(entropy, "entropy")
         check_bool(validate, "validate")
-        threads = _threads(threads, hidden)
+        threads = kernel_threads(threads, hidden)
         if not isinstance(kernel, str):
             raise LogprobContractError(f"kernel must be a string; got {type(kernel).__name__}")
         hv = _view(hidden, "hidden")
         wv = _view(weight, "weight")
         _check_mixed_grad(hidden, weight)
-        tg = _targets(targets)
+        tg = int64_targets(targets)
         no_tokens = hv[2] == 0 and len(tg) == 0 and contract is None
         if contract is None:
             comm = None if group is None else communicator_for(group, 2)
@@ -226,29 +216,19 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
             raise LogprobContractError("contract must be a LogprobContract")
         if not no_tokens:
             comm = communicator_for(group, contract.sharding.tp_world_size)
-    except Exception as error:  # any exception, not only contract errors: fail the peers too
-        fail_peers(group, error)
-        raise
+            # The registry's fused op kind: the capability is checked, the provenance kept.
+            op = _detlogp.get_fused_linear_logprob_op(contract._cpp, kernel)
     if no_tokens:
         return _no_tokens(hidden, weight, comm, entropy)
-
-    def run(h, w):
-        with exclusive(comm):
-            return _detlogp.fused_forward(
-                hidden=_view(h, "hidden"), weight=_view(w, "weight"), owners=(h, w),
-                targets=tg, contract=contract._cpp, comm=comm, entropy=entropy,
-                validate=validate, threads=threads, kernel=kernel)
-
-    torch = _torch() if _is_tensor(hidden) else None
+    call = _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads)
+    torch = torch_module() if is_tensor(hidden) else None
     if (torch is not None and torch.is_grad_enabled()
-            and (hidden.requires_grad or (_is_tensor(weight) and weight.requires_grad))):
-        return _function().apply(hidden, weight, run, comm)
+            and (hidden.requires_grad or (is_tensor(weight) and weight.requires_grad))):
+        from . import _autograd  # torch is imported: a tensor requires grad
+
+        return _autograd.apply(call, hidden, weight)
     if torch is not None:
         hidden = hidden.detach()
-        weight = weight.detach() if _is_tensor(weight) else weight
-    handle = run(hidden, weight)
-    convert = torch.from_numpy if torch is not None else (lambda a: a)
-    outs = [convert(handle.logp), convert(handle.lse)]
-    if handle.entropy is not None:
-        outs.append(convert(handle.entropy))
-    return tuple(outs)
+        weight = weight.detach() if is_tensor(weight) else weight
+    return _outputs(call.run(hidden, weight), torch.from_numpy if torch is not None else
+                    (lambda a: a))

@@ -43,6 +43,7 @@ from ._checks import check_int
 from ._contract import LogprobContract, MaskSpec, ShardingSpec, even_tile_aligned_bounds
 from ._detlogp import LogprobContractError
 from ._drift import drift
+from ._dtypes import torch_dtype
 from ._registry import Registry
 
 __all__ = ["DriftCase", "PLANNED_TOPOLOGIES", "plan", "rank_layout", "token_bounds",
@@ -365,8 +366,7 @@ def _score_rank(case, rank, tp_group, perturb, c, d):
     planted = perturb is not None and perturb[0] == rank
     if planted:
         local[:, :real_local] += perturb[1]
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    fed = local.to(torch_dtype[case.dtype]).contiguous()
+    fed = local.to(torch_dtype(case.dtype)).contiguous()
     tg, act = targets[t0:t1], active[t0:t1]
     logp, lse = d.op(fed, tg, contract=c, group=tp_group if case.tp > 1 else None,
                      validate=True)

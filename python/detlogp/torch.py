@@ -15,80 +15,91 @@ This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolut
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
-from detlogp import _detlogp
+from detlogp import _autograd, _detlogp
+from detlogp._buffers import kernel_threads, platform_of, tensor_view
+from detlogp._call import LogitsCall, join_without_tokens
 from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
 from detlogp._checks import check_bool, check_int
-from detlogp._comm import exclusive, fail_peers
-from detlogp._contract import ReductionSpec, ShardingSpec, _temperature
+from detlogp._comm import peers_fail_on_error
+from detlogp._contract import ReductionSpec, ShardingSpec, _temperature, megatron_padded_vocab
 from detlogp._detlogp import LogprobContractError
+from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._group import resolve_group
 from detlogp._layout import cover_of, cover_view, empty, from_rows, in_token_order, to_rows
 from detlogp._mask import active_from_mask
-from detlogp._op import (LogprobOp, _platform_of, _threads, is_layout_disagreement,
-                         rejoin_on_layout)
+from detlogp._op import LogprobOp, get_logprob_op
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
            "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE",
            "fused_linear_logprobs", "linear_logits"]
 
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _REDUCTIONS = {True: ReductionSpec(), False: ReductionSpec(determinism_scope="fixed_topology")}
 _NO_IGNORE = -100  # the MaskSpec's ignore_index when the caller gives none
 _ONE_RANK = _detlogp.SelfComm()  # the group of calls that hold the whole vocabulary
 
 
 class _Prepared:
-    """Everything one call needs, built before any collective."""
+    """One call of ``vocab_parallel_logprobs``, built before any collective: the inputs
+    checked and converted once, the contract and dispatch (cached), the cover of the N-D logits
+    and the ``LogitsCall`` that reads it. As a call of _autograd.py it maps logits [...,
+    V_local] -> logp [...] (, entropy [...]); backward: the C++ backward into a (pooled)
+    gradient buffer, returned as a view with the logits' shape."""
 
-    __slots__ = ("view", "targets", "contract", "dispatch", "cover", "comm", "threads",
+    __slots__ = ("call", "view", "targets", "contract", "dispatch", "cover", "comm", "threads",
                  "deterministic", "cache", "dtype", "device", "logits", "tokens", "key",
-                 "make_sharding", "platform")
+                 "make_sharding", "platform", "entropy", "entropy_grad", "fwd",
+                 "constant_outputs")
 
     @property
     def empty(self):
         return self.cover.tokens == 0
 
-    def _forward(self, entropy, entropy_grad):
-        # entropy_grad=False: the operator keeps no entropy for backward (a constant).
-        # The rows layout matters to the preflight only (TP > 1); a Python-defined backend
-        # never gets one (its rows are read in token order: _prepare).
-        tp = self.comm is not None and self.comm.size > 1
-        kwargs = {"rows_layout": self.cover.layout} if self.cover.layout and tp else {}
-        return self.dispatch.op.forward(self.view, self.targets, contract=self.contract,
-                                        group=self.comm, deterministic=self.deterministic,
-                                        entropy=entropy, threads=self.threads,
-                                        entropy_grad=entropy_grad or not entropy, **kwargs)
+    def run(self):
+        """The forward of a call with tokens (a LogprobForward). When the ranks' rows layouts
+        differ (their row i is not the same token), every rank joins the preflight once more
+        with its rows in token order: a rank whose rows are not copies its logits
+        (``in_token_order``)."""
+        if self.call.rows_layout:
+            return self.call.run(again=self._run_in_token_order)
+        return self.call.run()
 
-    def run(self, entropy, entropy_grad=True):
-        """The forward of a call with tokens. When the ranks' rows layouts differ (their row
-        i is not the same token), every rank joins the preflight once more with its rows in
-        token order: a rank whose rows are not copies its logits (``in_token_order``)."""
-        if not self.cover.layout:
-            return self._forward(entropy, entropy_grad)
-        with exclusive(self.comm):  # both preflights, as one call of the group
-            try:
-                return self._forward(entropy, entropy_grad)
-            except LogprobContractError as error:
-                if not is_layout_disagreement(error):
-                    raise
-            try:
-                _bind(self, in_token_order(self.cover))
-            except Exception as error:
-                fail_peers(self.comm, error)
-                raise
-            return self._forward(entropy, entropy_grad)
+    def _run_in_token_order(self):
+        with peers_fail_on_error(self.comm):
+            _bind(self, in_token_order(self.cover))
+        return self.call.run()
 
-    def no_tokens(self):
-        """A call without tokens: at TP > 1 it joins its peers' preflight with zero rows (they
-        all have none, or every rank raises), then nothing is computed."""
-        if self.comm is not None and self.comm.size > 1:
-            def call():
-                _detlogp.preflight_no_tokens(self.comm)
-            with exclusive(self.comm):
-                rejoin_on_layout(call, call)
+    def outputs(self):
+        """The outputs without autograd."""
+        if self.empty:
+            return self._no_outputs()
+        return _outputs(self.run(), self.cover, self.entropy)
+
+    def _no_outputs(self):
+        """The outputs of a call without tokens (after the peers agreed that none has any)."""
+        join_without_tokens(self.comm)
+        logp = torch.zeros(self.cover.lead_shape, dtype=torch.float32, device=self.device)
+        return (logp,) if not self.entropy else (logp, torch.zeros_like(logp))
+
+    def forward(self, inputs):
+        if self.empty:
+            self.fwd = None
+            return self._no_outputs()
+        fwd = self.run()
+        outputs = _outputs(fwd, self.cover, self.entropy)
+        fwd.logp = fwd.lse = fwd.entropy = None  # kept: what backward needs
+        self.fwd = fwd
+        return outputs
+
+    def backward(self, inputs, grads, needs):
+        grad_logp, grad_entropy = (tuple(grads) + (None,))[:2]
+        c = self.cover
+        if self.fwd is None:  # no tokens: an empty gradient
+            return (torch.zeros(c.lead_shape + (c.cols,), dtype=self.dtype, device=self.device),)
+        out = self.cache.grad_buffer(c.rows, c.cols, self.dtype, self.device)
+        self.fwd.backward(_row_grad(grad_logp, c), None, _row_grad(grad_entropy, c), out=out)
+        return (out.as_strided(c.lead_shape + (c.cols,), c.grad_strides),)
 
 
 def _bounds(vocab_start, cols, tp, rank):
@@ -121,8 +132,6 @@ def _real_vocab(real_vocab, padded, cols, tp, inferred):
             f"ends at column {padded}; pass real_vocab <= {padded} (the number of real, "
             "unpadded tokens) or a table that covers the whole padded vocabulary")
     if real > padded:
-        from detlogp._contract import megatron_padded_vocab
-
         try:
             fit = megatron_padded_vocab(real, tp)
             fix = (f"; or, if real_vocab={real} is right, pass logits of the whole padded "
@@ -145,8 +154,6 @@ def _check_tiles(bounds, tile_width, real, tp, cols, inferred):
     cut = next((e for _, e in bounds[:-1] if e % w), None)
     if cut is None:
         return
-    from detlogp._contract import megatron_padded_vocab
-
     try:
         fit = megatron_padded_vocab(real, tp, w)
         args = f"{real}, {tp}" + ("" if w == 128 else f", {w}")
@@ -193,17 +200,14 @@ def _active(flat_targets, loss_mask, ignore_index, lead_shape):
 
 
 def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
-             temperature, deterministic, vocab_start, threads, tile_width):
+             temperature, deterministic, vocab_start, threads, tile_width, entropy,
+             entropy_grad):
     if not isinstance(logits, torch.Tensor):
         raise LogprobContractError(f"logits must be a torch.Tensor; got {type(logits).__name__}")
-    platform = _platform_of(logits, "logits")
+    platform = platform_of(logits, "logits")
     if logits.layout != torch.strided:
         raise LogprobContractError(f"logits must be a strided tensor; got {logits.layout}")
-    dtype = _DTYPES.get(logits.dtype)
-    if dtype is None:
-        raise LogprobContractError(
-            f"logits dtype {logits.dtype} is not supported; expected torch.bfloat16, "
-            "torch.float16 or torch.float32")
+    dtype = name_of_tensor(logits, "logits")
     if logits.dim() < 1:
         raise LogprobContractError("logits must have a vocab dimension [..., local_vocab]")
     check_bool(deterministic, "deterministic")
@@ -229,8 +233,11 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
                                            vocab_shard_bounds=list(bounds),
                                            real_vocab_size=real, padded_vocab_size=padded)
     p.platform, p.comm, p.cache = platform, comm, cache
-    p.threads = _threads(threads, logits)
+    p.threads = kernel_threads(threads, logits)
     p.deterministic = deterministic
+    p.entropy, p.entropy_grad = entropy, entropy_grad
+    # entropy_grad=False: the entropy is a logged metric, without a gradient.
+    p.constant_outputs = (1,) if entropy and not entropy_grad else ()
     p.dtype, p.device = logits.dtype, logits.device
     if flat_targets.numel() == 0:  # an empty micro-batch: empty outputs, nothing to read
         p.cover, p.contract = empty(lead_shape, cols), None
@@ -245,8 +252,8 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
 
 
 def _bind(p, cover):
-    """The rows of a call read through ``cover``: the contract (cached), dispatch, the view
-    and the per-row targets."""
+    """The rows of a call read through ``cover``: the contract (cached), dispatch, the view,
+    the per-row targets and the ``LogitsCall`` of a backend defined in C++."""
     flat_targets, active, ign = p.tokens
     row_targets = to_rows(flat_targets, cover, ign)
     row_active = to_rows(active, cover, False)
@@ -258,17 +265,24 @@ def _bind(p, cover):
     base_key = (cover.rows,) + p.key
     contract = p.cache.contract(base_key + (mask_key,), active_bytes, ign, p.make_sharding,
                                 dtype, temperature, tile_width, _REDUCTIONS[deterministic])
-    p.dispatch = p.cache.op(base_key + (all_active, p.platform), contract, p.platform)
+    p.dispatch = p.cache.op(base_key + (all_active, p.platform),
+                            lambda: get_logprob_op(contract, "auto", platform=p.platform))
     p.contract, p.cover = contract, cover
     p.view = cover_view(p.logits, cover)
     p.targets = row_targets.numpy()
-
-
-def _no_outputs(prep, entropy):
-    """The outputs of a call without tokens (after the peers agreed that none has any)."""
-    prep.no_tokens()
-    logp = torch.zeros(prep.cover.lead_shape, dtype=torch.float32, device=prep.device)
-    return (logp,) if not entropy else (logp, torch.zeros_like(logp))
+    op = p.dispatch.op
+    if not isinstance(op, LogprobOp):  # defined in Python: called on the view itself
+        p.call = None
+        return
+    # The rows layout matters to the preflight only (TP > 1); a Python-defined backend never
+    # gets one (its rows are read in token order: _prepare).
+    # entropy_grad=False: the operator keeps no entropy for backward (a constant).
+    p.call = LogitsCall(
+        cpp=op._cpp, backend_id=op.backend_id, platform=p.platform, logits=p.view,
+        view=tensor_view(p.view, dtype), targets=p.targets, contract=contract, comm=p.comm,
+        deterministic=deterministic, validate=True, entropy=p.entropy,
+        entropy_grad=p.entropy_grad or not p.entropy, threads=p.threads,
+        rows_layout=cover.layout if tp > 1 else "")
 
 
 def _outputs(fwd, cover, entropy):
@@ -282,44 +296,6 @@ def _row_grad(g, cover):
     if g is None:
         return None
     return to_rows(g.detach().reshape(-1).to(device="cpu", dtype=torch.float32), cover, 0.0)
-
-
-class _LogprobsFunction(torch.autograd.Function):
-    """logits [..., V_local] -> logp [...] (, entropy [...]); backward: the C++ backward into
-    a (pooled) gradient buffer, returned as a view with the logits' shape."""
-
-    @staticmethod
-    def forward(ctx, logits, prep, entropy, entropy_grad):
-        if prep.empty:
-            outputs = _no_outputs(prep, entropy)
-            ctx.fwd = None
-        else:
-            fwd = prep.run(entropy, entropy_grad)
-            outputs = _outputs(fwd, prep.cover, entropy)
-            fwd.logp = fwd.lse = fwd.entropy = None  # ctx keeps what backward needs
-            ctx.fwd = fwd
-        ctx.prep = prep
-        ctx.save_for_backward(logits)  # keeps it alive; detects in-place changes
-        ctx.set_materialize_grads(False)
-        if entropy and not entropy_grad:
-            ctx.mark_non_differentiable(outputs[1])
-        return outputs
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_logp, grad_entropy=None):
-        ctx.saved_tensors  # raises if the logits were modified in place since forward
-        prep = ctx.prep
-        if grad_logp is None and grad_entropy is None:
-            return None, None, None, None
-        c = prep.cover
-        if ctx.fwd is None:  # no tokens: an empty gradient
-            return torch.zeros(c.lead_shape + (c.cols,), dtype=prep.dtype,
-                               device=prep.device), None, None, None
-        out = prep.cache.grad_buffer(c.rows, c.cols, prep.dtype, prep.device)
-        ctx.fwd.backward(_row_grad(grad_logp, c), None, _row_grad(grad_entropy, c), out=out)
-        grad = out.as_strided(c.lead_shape + (c.cols,), c.grad_strides)
-        return grad, None, None, None
 
 
 def _python_backend_outputs(dispatch, logits, prep, group, entropy, entropy_grad):
@@ -385,28 +361,22 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     cache = DEFAULT_CACHE if cache is None else cache
     group = resolve_group(group, "vocab_parallel_logprobs")
     comm = cache.communicator(group)
-    try:
+    with peers_fail_on_error(comm):
         check_bool(entropy, "entropy")
         check_bool(entropy_grad, "entropy_grad")
         check_bool(return_contract, "return_contract")
         prep = _prepare(logits, targets, comm, cache, real_vocab=real_vocab,
                         loss_mask=loss_mask, ignore_index=ignore_index,
                         temperature=temperature, deterministic=deterministic,
-                        vocab_start=vocab_start, threads=threads, tile_width=tile_width)
-    except Exception as error:
-        fail_peers(comm, error)
-        raise
-    if not prep.empty and not isinstance(prep.dispatch.op, LogprobOp):  # defined in Python
+                        vocab_start=vocab_start, threads=threads, tile_width=tile_width,
+                        entropy=entropy, entropy_grad=entropy_grad)
+    if not prep.empty and prep.call is None:  # a backend defined in Python
         outputs = _python_backend_outputs(prep.dispatch, logits, prep, group, entropy,
                                           entropy_grad)
     elif logits.requires_grad and torch.is_grad_enabled():
-        outputs = _LogprobsFunction.apply(logits, prep, entropy, entropy_grad)
-        if not isinstance(outputs, tuple):
-            outputs = (outputs,)
-    elif prep.empty:
-        outputs = _no_outputs(prep, entropy)
+        outputs = _autograd.apply(prep, logits)
     else:
-        outputs = _outputs(prep.run(entropy, entropy_grad), prep.cover, entropy)
+        outputs = prep.outputs()
     if return_contract:
         outputs = tuple(outputs) + (prep.contract,)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)

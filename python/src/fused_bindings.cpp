@@ -1,7 +1,7 @@
-// Bindings of the fused lm_head (include/detlogp/fused.hpp) for python/detlogp/_fused.py:
-// linear_logits, the fused forward (a FusedHandle keeping the hidden states' and weight's
-// owners alive) and its backward into caller-provided gradient buffers. Views are raw
-// (address, dtype, rows, cols, row_stride) tuples built by the Python side; nothing is copied.
+// Bindings of the fused lm_head (include/detlogp/fused.hpp) for python/detlogp/_fused.py: its
+// dispatch (the op with capability and provenance), linear_logits, the fused forward (a
+// FusedHandle keeping the hidden states' and weight's owners alive) and its backward into
+// caller-provided gradient buffers. Views are raw view tuples (raw_views.hpp); nothing is copied.
 // Forward and backward run without the GIL (a torch.distributed communicator takes it back
 // inside its collectives).
 #include <pybind11/numpy.h>
@@ -23,48 +23,29 @@
 #include "detlogp/enums.hpp"
 #include "detlogp/errors.hpp"
 #include "detlogp/fused.hpp"
+#include "detlogp/fused_dispatch.hpp"
 #include "python_bindings.hpp"
+#include "raw_views.hpp"
 
 namespace py = pybind11;
 
 namespace {
 
-using View = std::tuple<uintptr_t, std::string, int64_t, int64_t, int64_t>;
-using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using detlogp_python::F32Array;
+using detlogp_python::I64Array;
+using detlogp_python::mutable_view_of;
+using detlogp_python::RawView;
+using detlogp_python::span_of;
+using detlogp_python::to_numpy;
+using detlogp_python::view_of;
 
-detlogp::LogitsView view_of(const View& v, const char* name) {
-  const auto& [ptr, dtype, rows, cols, stride] = v;
-  return detlogp::LogitsView{.data = reinterpret_cast<const void*>(ptr),
-                             .dtype = detlogp::parse_dtype(dtype, name),
-                             .rows = rows,
-                             .cols = cols,
-                             .row_stride = stride};
-}
-
-detlogp::MutableLogitsView mutable_view_of(const std::optional<View>& v, const char* name) {
-  if (!v) return {};
-  const detlogp::LogitsView c = view_of(*v, name);
-  return detlogp::MutableLogitsView{.data = const_cast<void*>(c.data),
-                                    .dtype = c.dtype,
-                                    .rows = c.rows,
-                                    .cols = c.cols,
-                                    .row_stride = c.row_stride};
-}
-
-py::array_t<float> to_numpy(const std::vector<float>& v) {
-  py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
-  if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(float));
-  return out;
-}
-
-std::span<const float> span_of(const std::optional<F32Array>& a) {
-  if (!a) return {};
-  return {a->data(), static_cast<std::size_t>(a->size())};
-}
+// What the registry handed out for one contract: the op, its capability and provenance.
+struct FusedDispatch {
+  detlogp::FusedDispatchResult result;
+};
 
 struct FusedHandle {
-  std::shared_ptr<detlogp::FusedLinearLogprob> op;
+  std::shared_ptr<const detlogp::FusedLinearLogprob> op;
   detlogp::FusedLogprobResult result;
   py::object owners;  // keeps the hidden states' and weight's buffers alive
   std::shared_ptr<detlogp::Communicator> comm;  // null: a group of one
@@ -77,20 +58,20 @@ void with_comm(const std::shared_ptr<detlogp::Communicator>& comm,
   fn(comm ? *comm : static_cast<detlogp::Communicator&>(self));
 }
 
-std::shared_ptr<FusedHandle> fused_forward(const View& hidden, const View& weight,
-                                           py::object owners, const I64Array& targets,
+std::shared_ptr<FusedHandle> fused_forward(const FusedDispatch& dispatch, const RawView& hidden,
+                                           const RawView& weight, py::object owners,
+                                           const I64Array& targets,
                                            const detlogp::LogprobContract& contract,
                                            const std::shared_ptr<detlogp::Communicator>& comm,
-                                           bool entropy, bool validate, int threads,
-                                           const std::string& kernel) {
+                                           bool entropy, bool validate, int threads) {
   auto h = std::make_shared<FusedHandle>();
-  h->op = std::make_shared<detlogp::FusedLinearLogprob>(kernel);
+  h->op = dispatch.result.op;
   h->owners = std::move(owners);
   h->comm = comm;
   h->entropy = entropy;
   const detlogp::LogitsView hv = view_of(hidden, "hidden dtype");
   const detlogp::LogitsView wv = view_of(weight, "weight dtype");
-  const std::span<const int64_t> tg(targets.data(), static_cast<std::size_t>(targets.size()));
+  const std::span<const int64_t> tg = span_of(targets);
   py::gil_scoped_release nogil;
   with_comm(comm, [&](detlogp::Communicator& c) {
     h->result =
@@ -103,8 +84,8 @@ std::shared_ptr<FusedHandle> fused_forward(const View& hidden, const View& weigh
 void fused_backward(FusedHandle& h, const std::optional<F32Array>& grad_logp,
                     const std::optional<F32Array>& grad_lse,
                     const std::optional<F32Array>& grad_entropy,
-                    const std::optional<View>& grad_hidden,
-                    const std::optional<View>& grad_weight) {
+                    const std::optional<RawView>& grad_hidden,
+                    const std::optional<RawView>& grad_weight) {
   const detlogp::LogprobGrads grads{.grad_logp = span_of(grad_logp),
                                     .grad_lse = span_of(grad_lse),
                                     .grad_entropy = span_of(grad_entropy)};
@@ -114,7 +95,7 @@ void fused_backward(FusedHandle& h, const std::optional<F32Array>& grad_logp,
   with_comm(h.comm, [&](detlogp::Communicator& c) { h.op->backward(h.result, grads, gh, gw, c); });
 }
 
-void linear_logits(const View& hidden, const View& weight, const View& out, int threads,
+void linear_logits(const RawView& hidden, const RawView& weight, const RawView& out, int threads,
                    const std::string& kernel) {
   const auto hv = view_of(hidden, "hidden dtype");
   const auto wv = view_of(weight, "weight dtype");
@@ -128,21 +109,31 @@ void linear_logits(const View& hidden, const View& weight, const View& out, int 
 namespace detlogp_python {
 
 void bind_fused(py::module_& m) {
-  py::class_<FusedHandle, std::shared_ptr<FusedHandle>>(m, "FusedHandle")
-      .def_property_readonly("logp", [](const FusedHandle& h) { return to_numpy(h.result.logp); })
-      .def_property_readonly("lse", [](const FusedHandle& h) { return to_numpy(h.result.lse); })
-      .def_property_readonly("entropy",
-                             [](const FusedHandle& h) -> py::object {
-                               if (!h.entropy) return py::none();
-                               return to_numpy(h.result.entropy);
-                             })
+  py::class_<FusedDispatch>(m, "FusedDispatch")
+      .def_property_readonly("backend_id",
+                             [](const FusedDispatch& d) { return d.result.op->backend_id(); })
+      .def_property_readonly("kernel_name",
+                             [](const FusedDispatch& d) { return d.result.op->kernel_name(); })
+      .def_property_readonly("provenance_json",
+                             [](const FusedDispatch& d) { return d.result.provenance_json; });
+  // Contract dispatch of the fused op kind (include/detlogp/fused_dispatch.hpp): the one way the
+  // package obtains a fused op, so its capability is checked and its provenance recorded.
+  m.def(
+      "get_fused_linear_logprob_op",
+      [](const detlogp::LogprobContract& contract, const std::string& kernel) {
+        return FusedDispatch{detlogp::get_fused_linear_logprob_op(contract, kernel)};
+      },
+      py::arg("contract"), py::arg("kernel"));
+  py::class_<FusedHandle, std::shared_ptr<FusedHandle>> handle(m, "FusedHandle");
+  detlogp_python::def_token_outputs<FusedHandle>(handle);
+  handle
       .def_property_readonly("kernel_name",
                              [](const FusedHandle& h) { return h.op->kernel_name(); })
       .def("backward", &fused_backward, py::kw_only(), py::arg("grad_logp"), py::arg("grad_lse"),
            py::arg("grad_entropy"), py::arg("grad_hidden"), py::arg("grad_weight"));
-  m.def("fused_forward", &fused_forward, py::kw_only(), py::arg("hidden"), py::arg("weight"),
-        py::arg("owners"), py::arg("targets"), py::arg("contract"), py::arg("comm"),
-        py::arg("entropy"), py::arg("validate"), py::arg("threads"), py::arg("kernel"));
+  m.def("fused_forward", &fused_forward, py::kw_only(), py::arg("op"), py::arg("hidden"),
+        py::arg("weight"), py::arg("owners"), py::arg("targets"), py::arg("contract"),
+        py::arg("comm"), py::arg("entropy"), py::arg("validate"), py::arg("threads"));
   m.def("linear_logits", &linear_logits, py::kw_only(), py::arg("hidden"), py::arg("weight"),
         py::arg("out"), py::arg("threads"), py::arg("kernel"));
   m.def("fused_kernel_names", &detlogp::fused_kernel_names);

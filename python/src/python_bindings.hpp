@@ -1,20 +1,31 @@
 #pragma once
-// The parts of the _detlogp extension that live in their own files; detlogp_ext.cpp calls each
-// bind function once from its module initializer.
+// The _detlogp extension, one subject per file: detlogp_ext.cpp's module initializer calls
+// each bind function once, in this order (the error type first: every later binding may raise
+// it). A new subject gets its own python/src/<subject>_bindings.cpp and a name here.
+//
+//   module_bindings.cpp    bind_errors (LogprobContractError), bind_constants (version,
+//                          constants, SIMD targets), bind_enums (every contract enum's values)
+//   contract_bindings.cpp  bind_contract (contract types, vocabulary layouts),
+//                          bind_capability (BackendCapability)
+//   comm_bindings.cpp      bind_comm (communicators, the preflight steps outside the operator)
+//   op_bindings.cpp        bind_op (the logits operator), bind_dispatch (its registry dispatch)
+//   registry_bindings.cpp  bind_registry (registry objects, backends from factories and Python)
+//   fused_bindings.cpp     bind_fused (the fused lm_head and its dispatch)
+//   cuda_bindings.cpp      bind_cuda (the cuda platform's status and constants)
+//   drift_bindings.cpp     bind_drift (the drift statistics of include/detlogp/drift.hpp)
+//   memory_bindings.cpp    bind_memory (the command line's memory rule, for up-front checks)
 
 #include <pybind11/pybind11.h>
 
 namespace detlogp_python {
 
-// Registry objects, backends from factories, Python-defined backends (registry_bindings.cpp).
-void bind_registry(pybind11::module_& m);
-// The drift statistics of include/detlogp/drift.hpp (drift_bindings.cpp).
-void bind_drift(pybind11::module_& m);
-// The operator's checks that run before the transport (validation_bindings.cpp).
-void bind_validation(pybind11::module_& m);
-// The fused lm_head of include/detlogp/fused.hpp (fused_bindings.cpp).
-void bind_fused(pybind11::module_& m);
-// The command line's memory rule, for up-front checks (memory_bindings.cpp).
-void bind_memory(pybind11::module_& m);
+using Binder = void(pybind11::module_& m);
+
+Binder bind_errors, bind_constants, bind_enums, bind_contract, bind_capability, bind_comm, bind_op,
+    bind_dispatch, bind_registry, bind_fused, bind_cuda, bind_drift, bind_memory;
+
+// Throws ContractError unless the cuda platform can run; registers its backend once
+// (cuda_bindings.cpp). Every dispatch on "cuda" calls it first.
+void ensure_cuda_platform();
 
 }  // namespace detlogp_python

@@ -25,19 +25,21 @@ def _data():
 
 
 def _spy():
-    """Records the buffer the C++ op read and the rows layout of every LogprobOp.forward."""
-    import detlogp._op as dop
+    """Records the buffer the C++ op read and the rows layout of every run of the logits op
+    (a run that joins the preflight once more is one run)."""
+    from detlogp._call import LogitsCall
 
     seen = []
-    original = dop.LogprobOp.forward
+    original = LogitsCall.run
 
-    def forward(self, local_logits, target_ids, **kw):
-        seen.append({"layout": kw.get("rows_layout", "")})
-        f = original(self, local_logits, target_ids, **kw)
-        seen[-1]["ptr"] = f.saved_logits_data_ptr
+    def run(self, again=None):
+        entry = {"layout": self.rows_layout}
+        seen.append(entry)
+        f = original(self, again)
+        entry["ptr"] = f.saved_logits_data_ptr
         return f
 
-    dop.LogprobOp.forward = forward
+    LogitsCall.run = run
     return seen
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import detlogp
-from detlogp import LogprobContractError, _op
+from detlogp import LogprobContractError, _buffers, _op
 from helpers import contract, problem
 
 BUILT, DEVICES, WHY = detlogp.cuda_status()
@@ -28,13 +28,13 @@ def test_cuda_status_is_truthful():
 
 
 def test_device_type_to_platform():
-    assert _op._platform_for_device("cpu") == "cpu"
-    assert _op._platform_for_device("cuda") == "cuda"
+    assert _buffers.platform_for_device("cpu") == "cpu"
+    assert _buffers.platform_for_device("cuda") == "cuda"
     for other in ("meta", "mps", "xpu"):
         with pytest.raises(LogprobContractError, match="CPU or CUDA tensor"):
-            _op._platform_for_device(other)
-    assert _op._platform_of(torch.zeros(2, 3)) == "cpu"
-    assert _op._platform_of(np.zeros((2, 3), np.float32)) == "cpu"
+            _buffers.platform_for_device(other)
+    assert _buffers.platform_of(torch.zeros(2, 3)) == "cpu"
+    assert _buffers.platform_of(np.zeros((2, 3), np.float32)) == "cpu"
 
 
 def test_a_tensor_on_another_device_is_refused():

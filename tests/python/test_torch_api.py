@@ -8,7 +8,7 @@ import torch
 
 import detlogp
 import detlogp._comm as dcomm
-import detlogp._op as dop
+from detlogp._call import LogitsCall
 import detlogp.torch as dt
 from helpers import assert_bitwise, bits
 
@@ -49,17 +49,18 @@ def reference(x2d, targets, active, entropy=True, real=None, grad_weights=None):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records every LogprobOp.forward: the address of the buffer the C++ op saved (= read)."""
+    """Records every run of the logits op: the address of the buffer the C++ op saved (= read),
+    its rows and the kernels' thread count."""
     seen = []
-    original = dop.LogprobOp.forward
+    original = LogitsCall.run
 
-    def forward(self, local_logits, target_ids, **kw):
-        f = original(self, local_logits, target_ids, **kw)
-        seen.append({"ptr": f.saved_logits_data_ptr, "rows": local_logits.shape[0],
-                     "threads": kw.get("threads")})
+    def run(self, again=None):
+        f = original(self, again)
+        seen.append({"ptr": f.saved_logits_data_ptr, "rows": self.view[2],
+                     "threads": self.threads})
         return f
 
-    monkeypatch.setattr(dop.LogprobOp, "forward", forward)
+    monkeypatch.setattr(LogitsCall, "run", run)
     return seen
 
 

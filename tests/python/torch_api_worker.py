@@ -158,16 +158,16 @@ def _failures(rank, out):
 
         c = dt.vocab_parallel_logprobs(local, ids, group=world, return_contract=True)[-1]
         op = detlogp.get_logprob_op(c).op
-        original_targets = dop._targets
+        original_targets = dop.int64_targets
 
         def broken_targets(t):
             raise TypeError("bad targets on rank 3")
 
-        dop._targets = broken_targets if rank == 3 else original_targets
+        dop.int64_targets = broken_targets if rank == 3 else original_targets
         try:
             op(local.reshape(-1, local.shape[-1]), ids.reshape(-1), contract=c, group=world)
         finally:
-            dop._targets = original_targets
+            dop.int64_targets = original_targets
 
     record_failure(out, "contract API TypeError on rank 3", contract_api_error)
     out["after failures"] = call().detach()  # the group still works

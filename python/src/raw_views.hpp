@@ -1,0 +1,78 @@
+#pragma once
+// Caller memory as it crosses from the Python package: a 2-D buffer is a raw view tuple
+// (address, dtype name, rows, cols, row_stride in elements) built by python/detlogp/_buffers.py
+// from a torch tensor or NumPy array, never a copy; per-token vectors are NumPy arrays. Every
+// binding file reads and writes them through these helpers.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "detlogp/enums.hpp"
+#include "detlogp/operator.hpp"
+
+namespace detlogp_python {
+
+using RawView = std::tuple<uintptr_t, std::string, int64_t, int64_t, int64_t>;
+using F32Array = pybind11::array_t<float, pybind11::array::c_style | pybind11::array::forcecast>;
+using I64Array = pybind11::array_t<int64_t, pybind11::array::c_style | pybind11::array::forcecast>;
+
+// `dtype_field` names the buffer in a bad dtype's message ("hidden dtype").
+inline detlogp::LogitsView view_of(const RawView& v, const char* dtype_field) {
+  const auto& [ptr, dtype, rows, cols, stride] = v;
+  return detlogp::LogitsView{.data = reinterpret_cast<const void*>(ptr),
+                             .dtype = detlogp::parse_dtype(dtype, dtype_field),
+                             .rows = rows,
+                             .cols = cols,
+                             .row_stride = stride};
+}
+
+// A gradient buffer the caller owns; no view (nullopt) skips that gradient.
+inline detlogp::MutableLogitsView mutable_view_of(const std::optional<RawView>& v,
+                                                  const char* dtype_field) {
+  if (!v) return {};
+  const detlogp::LogitsView c = view_of(*v, dtype_field);
+  return detlogp::MutableLogitsView{.data = const_cast<void*>(c.data),
+                                    .dtype = c.dtype,
+                                    .rows = c.rows,
+                                    .cols = c.cols,
+                                    .row_stride = c.row_stride};
+}
+
+inline std::span<const int64_t> span_of(const I64Array& a) {
+  return {a.data(), static_cast<std::size_t>(a.size())};
+}
+
+// An incoming per-token gradient; none gives an empty span (not supplied).
+inline std::span<const float> span_of(const std::optional<F32Array>& a) {
+  if (!a) return {};
+  return {a->data(), static_cast<std::size_t>(a->size())};
+}
+
+// An fp32 per-token output as a fresh NumPy array (outputs are [tokens], never [tokens, V]).
+inline pybind11::array_t<float> to_numpy(const std::vector<float>& v) {
+  pybind11::array_t<float> out(static_cast<pybind11::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(float));
+  return out;
+}
+
+// The outputs of a forward handle as read-only properties: logp, lse and entropy (None unless
+// forward computed it). `Handle` has `result.logp/lse/entropy` and `entropy`.
+template <class Handle, class Class>
+void def_token_outputs(Class& cls) {
+  cls.def_property_readonly("logp", [](const Handle& h) { return to_numpy(h.result.logp); })
+      .def_property_readonly("lse", [](const Handle& h) { return to_numpy(h.result.lse); })
+      .def_property_readonly("entropy", [](const Handle& h) -> pybind11::object {
+        if (!h.entropy) return pybind11::none();
+        return to_numpy(h.result.entropy);
+      });
+}
+
+}  // namespace detlogp_python
