@@ -2,6 +2,7 @@
 hang and to read each rank's result file."""
 
 import os
+import pathlib
 
 import torch
 import torch.multiprocessing as mp
@@ -44,6 +45,19 @@ def spawn_ranks(main, args_for, world, tmp, timeout_s, *, results=True):
         assert "crash" not in res, f"rank {r} crashed:\n{res['crash']}"
         out.append(res)
     return out, codes
+
+
+def run_workers(main, tmp, world, timeout_s, *extra, pass_world=True, results=True):
+    """``spawn_ranks`` for a test worker whose ``main`` takes (rank, [world,] rendezvous file,
+    out dir, tests dir, *extra): its ranks meet through ``tmp/rendezvous`` and write their
+    results to ``tmp``."""
+    tests_dir = str(pathlib.Path(__file__).parent)
+
+    def args_for(rank):
+        head = (rank, world) if pass_world else (rank,)
+        return head + (str(tmp / "rendezvous"), str(tmp), tests_dir) + extra
+
+    return spawn_ranks(main, args_for, world, tmp, timeout_s, results=results)
 
 
 def gloo_rank(rank, world, init_file, out_dir, body, *, teardown=True):

@@ -4,14 +4,12 @@ when the calls run one after another or raises a clear error; afterwards the gro
 Two spawned ranks (child processes: an abort fails the test instead of the test run), under
 a timeout."""
 
-import pathlib
 import signal
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-HERE = pathlib.Path(__file__).parent
 TIMEOUT_S = 240
 CLEAR = ("overlapped on rank", "cross-rank preflight failed")
 
@@ -19,12 +17,10 @@ CLEAR = ("overlapped on rank", "cross-rank preflight failed")
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     import concurrent_worker
-    from spawn import spawn_ranks
+    from spawn import run_workers
 
-    tmp = tmp_path_factory.mktemp("concurrent")
-    out, codes = spawn_ranks(concurrent_worker.main,
-                             lambda r: (r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)),
-                             2, tmp, TIMEOUT_S)
+    out, codes = run_workers(concurrent_worker.main, tmp_path_factory.mktemp("concurrent"), 2,
+                             TIMEOUT_S)
     assert -signal.SIGABRT not in codes, f"a rank aborted: exit codes {codes}"
     assert codes == [0, 0], codes
     return out

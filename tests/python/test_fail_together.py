@@ -4,13 +4,11 @@ seconds, with one wording on every entry point ("rank R failed local validation:
 and without autograd), detlogp.torch and the contract API. Two spawned gloo ranks, under a
 timeout (a hang fails the test instead of blocking it)."""
 
-import pathlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-HERE = pathlib.Path(__file__).parent
 TIMEOUT_S = 150
 FAIL_FAST_S = 20  # far below any collective timeout: nobody waited for a peer
 
@@ -18,13 +16,10 @@ FAIL_FAST_S = 20  # far below any collective timeout: nobody waited for a peer
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     import fail_together_worker
-    from spawn import spawn_ranks
+    from spawn import run_workers
 
-    tmp = tmp_path_factory.mktemp("fail_together")
-    out, _ = spawn_ranks(fail_together_worker.main,
-                         lambda r: (r, 2, str(tmp / "rendezvous"), str(tmp), str(HERE)),
-                         2, tmp, TIMEOUT_S)
-    return out
+    return run_workers(fail_together_worker.main, tmp_path_factory.mktemp("fail_together"), 2,
+                       TIMEOUT_S)[0]
 
 
 @pytest.mark.parametrize("case,own", [

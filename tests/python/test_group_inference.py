@@ -4,14 +4,12 @@ exists and without a collective; a non-group says what ``group`` must be; Megatr
 is the default when its parallel state is initialized; a rank that passed its group while its
 peer forgot ``group=`` fails within its collective timeout, saying a rank did not arrive."""
 
-import pathlib
 
 import pytest
 
 from helpers import assert_bitwise
-from spawn import spawn_ranks
+from spawn import run_workers
 
-HERE = pathlib.Path(__file__).parent
 TIMEOUT_S = 180
 ENTRIES = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy",
            "vocab_parallel_log_probs_from_logits", "fused_linear_logprobs"]
@@ -21,11 +19,8 @@ ENTRIES = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy",
 def ranks(tmp_path_factory):
     import group_worker
 
-    tmp = tmp_path_factory.mktemp("groups")
-    out, _ = spawn_ranks(group_worker.main,
-                         lambda r: (r, str(tmp / "rendezvous"), str(tmp), str(HERE)),
-                         2, tmp, TIMEOUT_S)
-    return out
+    return run_workers(group_worker.main, tmp_path_factory.mktemp("groups"), 2, TIMEOUT_S,
+                       pass_world=False)[0]
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -2,13 +2,10 @@
 a torch.distributed rank that never calls forward makes its peer raise the timeout error of
 TorchDistributedComm(timeout=...) instead of hanging."""
 
-import pathlib
-
 import pytest
 
 import detlogp
 
-HERE = pathlib.Path(__file__).parent
 INT64_MAX = 2**63 - 1
 
 
@@ -42,12 +39,11 @@ def test_torch_comm_timeout_must_be_positive_seconds(bad):
 
 def test_rank_that_never_calls_forward_times_out_its_peer(tmp_path):
     torch = pytest.importorskip("torch")
-    import timeout_worker
-    from spawn import spawn_ranks
+    import lone_rank_worker
+    from spawn import run_workers
 
-    spawn_ranks(timeout_worker.main,
-                lambda r: (r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)),
-                2, tmp_path, 90, results=False)
+    run_workers(lone_rank_worker.main, tmp_path, 2, 90, "sleeps", 2, pass_world=False,
+                results=False)
     message = (tmp_path / "rank0.txt").read_text()
     print(message)
     assert message.startswith("RuntimeError"), message

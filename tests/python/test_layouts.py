@@ -7,15 +7,13 @@ that nothing but the row order differs), or one as the causal shift view and one
 layout are still read in place (one forward, the caller's buffer). Empty micro-batches give
 empty outputs at TP=2, and a rank with tokens next to an empty one fails both together."""
 
-import pathlib
 
 import pytest
 import torch
 
 from helpers import assert_bitwise
-from spawn import spawn_ranks
+from spawn import run_workers
 
-HERE = pathlib.Path(__file__).parent
 TIMEOUT_S = 240
 W = 512
 
@@ -24,11 +22,8 @@ W = 512
 def ranks(tmp_path_factory):
     import layout_worker
 
-    tmp = tmp_path_factory.mktemp("layouts")
-    out, _ = spawn_ranks(layout_worker.main,
-                         lambda r: (r, str(tmp / "rendezvous"), str(tmp), str(HERE)),
-                         2, tmp, TIMEOUT_S)
-    return out
+    return run_workers(layout_worker.main, tmp_path_factory.mktemp("layouts"), 2, TIMEOUT_S,
+                       pass_world=False)[0]
 
 
 def _assert_tp1_bits(got, ref, rank):

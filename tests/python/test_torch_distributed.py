@@ -3,16 +3,14 @@ TP = 1 for logp, entropy and gradients of shifted N-D logits; a GRPO loop's loss
 weights bitwise equal at TP = 1, 2, 4; the device transport path; every preflight mismatch
 named on every rank; an exception on one rank fails every rank within seconds."""
 
-import pathlib
 
 import pytest
 import torch
 
 import detlogp
 from helpers import assert_bitwise
-from spawn import spawn_ranks
+from spawn import run_workers
 
-HERE = pathlib.Path(__file__).parent
 WORLD = 4
 TIMEOUT_S = 300
 FAIL_FAST_S = 20  # far below any collective timeout: nobody waited for a peer
@@ -22,11 +20,8 @@ FAIL_FAST_S = 20  # far below any collective timeout: nobody waited for a peer
 def ranks(tmp_path_factory):
     import torch_api_worker
 
-    tmp = tmp_path_factory.mktemp("torch_api")
-    out, _ = spawn_ranks(torch_api_worker.main,
-                         lambda r: (r, WORLD, str(tmp / "rendezvous"), str(tmp), str(HERE)),
-                         WORLD, tmp, TIMEOUT_S)
-    return out
+    return run_workers(torch_api_worker.main, tmp_path_factory.mktemp("torch_api"), WORLD,
+                       TIMEOUT_S)[0]
 
 
 def _tp_rank(tp, rank):

@@ -2,13 +2,9 @@
 (a peer that closed the connection is not reported as a timeout), and the default timeout is the
 C++ one."""
 
-import pathlib
-
 import pytest
 
 from detlogp import _comm, _detlogp
-
-HERE = pathlib.Path(__file__).parent
 
 
 def test_default_timeout_is_the_cpp_constant():
@@ -43,16 +39,16 @@ def test_a_failure_while_starting_the_collective_is_worded_the_same():
 
 def test_a_peer_that_died_is_reported_as_such_with_the_step(tmp_path):
     torch = pytest.importorskip("torch")
-    import peer_exit_worker
-    from spawn import spawn_ranks
+    import lone_rank_worker
+    from spawn import run_workers
 
-    spawn_ranks(peer_exit_worker.main,
-                lambda r: (r, str(tmp_path / "rendezvous"), str(tmp_path), str(HERE)),
-                2, tmp_path, 120, results=False)
+    run_workers(lone_rank_worker.main, tmp_path, 2, 120, "exits", 300, pass_world=False,
+                results=False)
     message = (tmp_path / "rank0.txt").read_text()
     print(message)
-    assert message.startswith(
-        "RuntimeError: cross-rank preflight all-gather of the forward: torch.distributed:gloo "
+    assert message.startswith("RuntimeError after "), message
+    assert message.split(" s: ", 1)[1].startswith(
+        "cross-rank preflight all-gather of the forward: torch.distributed:gloo "
         "all_gather failed on rank 0 of 2: a peer closed the connection"), message
     assert "timed out" not in message
     del torch
