@@ -32,6 +32,7 @@ collective, and a call whose last collective had passed raises on its own rank.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import math
 import threading
@@ -242,24 +243,24 @@ def peers_fail_on_error(group):
         raise
 
 
+@dataclasses.dataclass(eq=False)
 class _Callbacks:
     """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
     two bound methods). ``device``: None for CPU tensors, else where the bytes travel;
     ``guard``: the group's _CallGuard."""
 
-    def __init__(self, group, rank, size, name, timeout, device=None, guard=None):
-        self.group = group
-        self.rank = rank
-        self.size = size
-        self.name = name
-        self.timeout = timeout
-        self.device = device
-        self.guard = guard
-        # The tensors (and Work) of the last collective, released at the start of the next one
-        # on this thread: gloo's worker thread drops its own references to them just after
-        # the wait returns, and must not be the one that frees Python objects (that takes the
-        # GIL on the worker thread, where a garbage collection could run finalizers).
-        self._last = None
+    group: object
+    rank: int
+    size: int
+    name: str
+    timeout: float
+    device: object = None
+    guard: object = None
+    # The tensors (and Work) of the last collective, released at the start of the next one on
+    # this thread: gloo's worker thread drops its own references to them just after the wait
+    # returns, and must not be the one that frees Python objects (that takes the GIL on the
+    # worker thread, where a garbage collection could run finalizers).
+    _last: object = dataclasses.field(default=None, init=False, repr=False)
 
     def _wait(self, work, collective):
         try:

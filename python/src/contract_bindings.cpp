@@ -35,9 +35,10 @@ using detlogp::ShardingSpec;
 
 using Bounds = std::vector<std::pair<int64_t, int64_t>>;
 
-template <detlogp::ContractEnum E>
-std::string str(E e) {
-  return std::string(detlogp::to_string(e));
+// A read-only property of an enum field, as its value string.
+template <class T, detlogp::ContractEnum E>
+auto value_string(E (T::*getter)() const) {
+  return [getter](const T& t) { return std::string(detlogp::to_string((t.*getter)())); };
 }
 
 template <detlogp::ContractEnum E>
@@ -149,17 +150,14 @@ void bind_contract(py::module_& m) {
            py::arg("order"), py::arg("transport"), py::arg("downcast_at"), py::arg("engine"),
            py::arg("determinism_scope"))
       .def(py::init<>())
-      .def_property_readonly("merge", [](const ReductionSpec& r) { return str(r.merge()); })
-      .def_property_readonly("merge_axis",
-                             [](const ReductionSpec& r) { return str(r.merge_axis()); })
-      .def_property_readonly("acc_dtype", [](const ReductionSpec& r) { return str(r.acc_dtype()); })
-      .def_property_readonly("order", [](const ReductionSpec& r) { return str(r.order()); })
-      .def_property_readonly("transport", [](const ReductionSpec& r) { return str(r.transport()); })
-      .def_property_readonly("downcast_at",
-                             [](const ReductionSpec& r) { return str(r.downcast_at()); })
-      .def_property_readonly("engine", [](const ReductionSpec& r) { return str(r.engine()); })
-      .def_property_readonly("determinism_scope",
-                             [](const ReductionSpec& r) { return str(r.determinism_scope()); })
+      .def_property_readonly("merge", value_string(&ReductionSpec::merge))
+      .def_property_readonly("merge_axis", value_string(&ReductionSpec::merge_axis))
+      .def_property_readonly("acc_dtype", value_string(&ReductionSpec::acc_dtype))
+      .def_property_readonly("order", value_string(&ReductionSpec::order))
+      .def_property_readonly("transport", value_string(&ReductionSpec::transport))
+      .def_property_readonly("downcast_at", value_string(&ReductionSpec::downcast_at))
+      .def_property_readonly("engine", value_string(&ReductionSpec::engine))
+      .def_property_readonly("determinism_scope", value_string(&ReductionSpec::determinism_scope))
       .def("__eq__", [](const ReductionSpec& a, const ReductionSpec& b) { return a == b; });
 
   py::class_<OutputSpec>(m, "OutputSpec")
@@ -173,11 +171,9 @@ void bind_contract(py::module_& m) {
            py::kw_only(), py::arg("selected_logp_dtype"), py::arg("lse_dtype"),
            py::arg("tp_placement"))
       .def(py::init<>())
-      .def_property_readonly("selected_logp_dtype",
-                             [](const OutputSpec& o) { return str(o.selected_logp_dtype()); })
-      .def_property_readonly("lse_dtype", [](const OutputSpec& o) { return str(o.lse_dtype()); })
-      .def_property_readonly("tp_placement",
-                             [](const OutputSpec& o) { return str(o.tp_placement()); })
+      .def_property_readonly("selected_logp_dtype", value_string(&OutputSpec::selected_logp_dtype))
+      .def_property_readonly("lse_dtype", value_string(&OutputSpec::lse_dtype))
+      .def_property_readonly("tp_placement", value_string(&OutputSpec::tp_placement))
       .def("__eq__", [](const OutputSpec& a, const OutputSpec& b) { return a == b; });
 
   py::class_<LogprobContract>(m, "LogprobContract")
@@ -199,8 +195,8 @@ void bind_contract(py::module_& m) {
            py::kw_only(), py::arg("role"), py::arg("dtype"), py::arg("mask"), py::arg("sharding"),
            py::arg("reduction"), py::arg("output"), py::arg("export_lse"), py::arg("temperature"),
            py::arg("tile_width"), py::arg("num_vocab_tiles"))
-      .def_property_readonly("role", [](const LogprobContract& c) { return str(c.role()); })
-      .def_property_readonly("dtype", [](const LogprobContract& c) { return str(c.dtype()); })
+      .def_property_readonly("role", value_string(&LogprobContract::role))
+      .def_property_readonly("dtype", value_string(&LogprobContract::dtype))
       .def_property_readonly("mask", &LogprobContract::mask)
       .def_property_readonly("sharding", &LogprobContract::sharding)
       .def_property_readonly("reduction", &LogprobContract::reduction)

@@ -1,4 +1,4 @@
-"""One rank of the transport-failure tests (test_hardening.py, test_transport_failures.py):
+"""One rank of the transport-failure tests (test_transport_failures.py):
 rank 1 leaves rank 0 alone in its call, either by exiting at once after joining the process
 group (``peer="exits"``: its connections close) or by never calling forward
 (``peer="sleeps"``); rank 0 calls forward over a TorchDistributedComm with ``timeout`` seconds

@@ -1,6 +1,6 @@
 """Overflow in the shard-bound helpers raises LogprobContractError (never negative bounds), and
-a torch.distributed rank that never calls forward makes its peer raise the timeout error of
-TorchDistributedComm(timeout=...) instead of hanging."""
+TorchDistributedComm's timeout must be a positive number of seconds (what a timeout says:
+test_transport_failures.py)."""
 
 import pytest
 
@@ -35,20 +35,3 @@ def test_bounds_near_int64_max_stay_a_partition():
 def test_torch_comm_timeout_must_be_positive_seconds(bad):
     with pytest.raises(detlogp.LogprobContractError, match="timeout"):
         detlogp.TorchDistributedComm(timeout=bad)
-
-
-def test_rank_that_never_calls_forward_times_out_its_peer(tmp_path):
-    torch = pytest.importorskip("torch")
-    import lone_rank_worker
-    from spawn import run_workers
-
-    run_workers(lone_rank_worker.main, tmp_path, 2, 90, "sleeps", 2, pass_world=False,
-                results=False)
-    message = (tmp_path / "rank0.txt").read_text()
-    print(message)
-    assert message.startswith("RuntimeError"), message
-    assert ("cross-rank preflight all-gather of the forward: torch.distributed:gloo all_gather "
-            "timed out after 2 s on rank 0 of 2") in message
-    seconds = float(message.split(" after ")[1].split(" s")[0])
-    assert 1.5 <= seconds < 60
-    del torch

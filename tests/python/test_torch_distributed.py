@@ -24,8 +24,11 @@ def ranks(tmp_path_factory):
                        TIMEOUT_S)[0]
 
 
-def _tp_rank(tp, rank):
-    return {1: 0, 2: rank % 2, 4: rank}[tp]
+def _shard(tp, rank):
+    """The vocabulary columns (or lm_head rows) of ``rank``'s TP group position at degree tp."""
+    w = 1024 // tp
+    s = {1: 0, 2: rank % 2, 4: rank}[tp] * w
+    return slice(s, s + w)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -35,9 +38,7 @@ def test_logp_entropy_grads_bitwise_equal_to_tp1(ranks, dtype, tp):
         got, ref = res[f"logprobs {dtype} tp{tp}"], res[f"logprobs {dtype} tp1"]
         assert_bitwise(got["logp"], ref["logp"], f"logp rank {rank}")
         assert_bitwise(got["entropy"], ref["entropy"], f"entropy rank {rank}")
-        w = 1024 // tp
-        s = _tp_rank(tp, rank) * w
-        assert_bitwise(got["grad"], ref["grad"][..., s:s + w], f"grad rank {rank}")
+        assert_bitwise(got["grad"], ref["grad"][..., _shard(tp, rank)], f"grad rank {rank}")
         # The inferred shard bounds are Megatron's.
         padded, bounds = detlogp.megatron_bounds(1000, tp)
         assert [tuple(b) for b in got["bounds"]] == [tuple(b) for b in bounds]
@@ -58,9 +59,7 @@ def test_grpo_loop_bitwise_equal_across_tp(ranks, dtype, tp):
     for rank, res in enumerate(ranks):
         got, ref = res[f"grpo {dtype} tp{tp}"], res[f"grpo {dtype} tp1"]
         assert_bitwise(got["losses"], ref["losses"], f"loss trajectory rank {rank}")
-        w = 1024 // tp
-        s = _tp_rank(tp, rank) * w
-        assert_bitwise(got["weight"], ref["weight"][s:s + w], f"weights rank {rank}")
+        assert_bitwise(got["weight"], ref["weight"][_shard(tp, rank)], f"weights rank {rank}")
         assert not torch.equal(ref["losses"][0], ref["losses"][-1])  # the loop did move
 
 

@@ -1,6 +1,6 @@
 """What a torch.distributed transport failure says: the step of the call first, then the cause
-(a peer that closed the connection is not reported as a timeout), and the default timeout is the
-C++ one."""
+(a rank that never arrives is a timeout, after the comm's timeout; a peer that closed the
+connection is not reported as a timeout), and the default timeout is the C++ one."""
 
 import pytest
 
@@ -37,18 +37,32 @@ def test_a_failure_while_starting_the_collective_is_worded_the_same():
         cb._reported("barrier", start)
 
 
-def test_a_peer_that_died_is_reported_as_such_with_the_step(tmp_path):
-    torch = pytest.importorskip("torch")
+def _rank0_error(tmp_path, peer, timeout, limit_s):
+    """(seconds, error) of what rank 0's forward raised over a TorchDistributedComm with
+    ``timeout`` when rank 1 left it alone (``peer``: "exits" or "sleeps", lone_rank_worker.py)."""
+    pytest.importorskip("torch")
     import lone_rank_worker
     from spawn import run_workers
 
-    run_workers(lone_rank_worker.main, tmp_path, 2, 120, "exits", 300, pass_world=False,
+    run_workers(lone_rank_worker.main, tmp_path, 2, limit_s, peer, timeout, pass_world=False,
                 results=False)
     message = (tmp_path / "rank0.txt").read_text()
     print(message)
     assert message.startswith("RuntimeError after "), message
-    assert message.split(" s: ", 1)[1].startswith(
+    seconds, error = message[len("RuntimeError after "):].split(" s: ", 1)
+    return float(seconds), error
+
+
+def test_rank_that_never_calls_forward_times_out_its_peer(tmp_path):
+    seconds, error = _rank0_error(tmp_path, "sleeps", 2, 90)
+    assert ("cross-rank preflight all-gather of the forward: torch.distributed:gloo all_gather "
+            "timed out after 2 s on rank 0 of 2") in error
+    assert 1.5 <= seconds < 60
+
+
+def test_a_peer_that_died_is_reported_as_such_with_the_step(tmp_path):
+    _, error = _rank0_error(tmp_path, "exits", 300, 120)
+    assert error.startswith(
         "cross-rank preflight all-gather of the forward: torch.distributed:gloo "
-        "all_gather failed on rank 0 of 2: a peer closed the connection"), message
-    assert "timed out" not in message
-    del torch
+        "all_gather failed on rank 0 of 2: a peer closed the connection"), error
+    assert "timed out" not in error
