@@ -334,56 +334,49 @@ def test_spawn_local_stops_the_others_when_a_rank_fails_before_the_group(tmp_pat
 def test_a_world_size_that_is_not_tp_times_cp_is_an_environment_error(tmp_path, report_main):
     line = one_line_error(report_main(small_args(tp=2) + ["--output", str(tmp_path / "r.json")]))
     assert "WORLD_SIZE=1 does not match TP*CP=2*1=2; launch 2 processes" in line
-    code = ("import os; os.environ.update(RANK='0', WORLD_SIZE='2')\n"
-            "import torch.distributed as dist\n"
+    out = _run_topology_in_child("import os; os.environ.update(RANK='0', WORLD_SIZE='2')\n")
+    assert "raised: RuntimeError False " in out, out
+    assert "initialized after: False" in out, out
+
+
+def _run_topology_in_child(setup, call="dr.run_topology(case)"):
+    """A fresh interpreter runs ``setup``, then ``call`` on the small case, and prints what it
+    raised ("raised: <type> <is a ValueError> <message>") and whether a process group is left
+    ("initialized after: <bool>"). Returns its stdout and stderr."""
+    code = (setup + "import torch.distributed as dist\n"
             "from detlogp import drift_report as dr\n"
             f"case = dr.DriftCase(tp=1, cp=1, **{SMALL!r})\n"
             "try:\n"
-            "    dr.run_topology(case)\n"
+            f"    {call}\n"
             "except Exception as e:\n"
-            "    print(type(e).__name__, isinstance(e, ValueError), dist.is_initialized())\n")
+            "    print('raised:', type(e).__name__, isinstance(e, ValueError), e)\n"
+            "print('initialized after:', dist.is_initialized())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=GUARD_S, env=dr._package_env())
-    assert out.stdout.split() == ["RuntimeError", "False", "False"], out.stderr
+    return out.stdout + out.stderr
 
 
 def test_the_group_is_destroyed_when_init_fails_after_making_it(tmp_path):
     # init_process_group makes the default group, then waits in a store barrier for every
     # rank; that barrier failing (a peer that died, a timeout) leaves the group behind.
-    code = ("import torch.distributed as dist, torch.distributed.distributed_c10d as c10d\n"
-            "from detlogp import drift_report as dr\n"
-            "def barrier(*a, **k):\n"
-            "    assert dist.is_initialized()  # the group exists by now\n"
-            "    raise RuntimeError('store barrier timed out')\n"
-            "c10d._store_based_barrier = barrier\n"
-            f"case = dr.DriftCase(tp=1, cp=1, **{SMALL!r})\n"
-            f"init = 'file://{tmp_path}/rendezvous'\n"
-            "try:\n"
-            "    dr.run_topology(case, None, init)\n"
-            "except RuntimeError as e:\n"
-            "    print('raised:', e)\n"
-            "print('initialized after:', dist.is_initialized())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=GUARD_S, env=dr._package_env())
-    assert "raised: store barrier timed out" in out.stdout, out.stdout + out.stderr
-    assert "initialized after: False" in out.stdout, out.stdout + out.stderr
+    out = _run_topology_in_child(
+        "import torch.distributed as dist, torch.distributed.distributed_c10d as c10d\n"
+        "def barrier(*a, **k):\n"
+        "    assert dist.is_initialized()  # the group exists by now\n"
+        "    raise RuntimeError('store barrier timed out')\n"
+        "c10d._store_based_barrier = barrier\n",
+        f"dr.run_topology(case, None, 'file://{tmp_path}/rendezvous')")
+    assert "raised: RuntimeError False store barrier timed out" in out, out
+    assert "initialized after: False" in out, out
 
 
 def test_an_existing_default_group_is_refused_and_left_alone(tmp_path):
-    code = ("import torch.distributed as dist\n"
-            "from detlogp import drift_report as dr\n"
-            f"dist.init_process_group('gloo', init_method='file://{tmp_path}/rv', rank=0,"
-            " world_size=1)\n"
-            f"case = dr.DriftCase(tp=1, cp=1, **{SMALL!r})\n"
-            "try:\n"
-            "    dr.run_topology(case)\n"
-            "except RuntimeError as e:\n"
-            "    print('raised:', e)\n"
-            "print('initialized after:', dist.is_initialized())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=GUARD_S, env=dr._package_env())
-    assert "a default process group already exists" in out.stdout, out.stdout + out.stderr
-    assert "initialized after: True" in out.stdout, out.stdout + out.stderr
+    out = _run_topology_in_child(
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/rv', rank=0,"
+        " world_size=1)\n")
+    assert "raised: RuntimeError False a default process group already exists" in out, out
+    assert "initialized after: True" in out, out
 
 
 # --- detlogp.drift's mask ------------------------------------------------------------------------

@@ -21,6 +21,12 @@ def free(t):
     s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
     s.resize_(0)
 
+def fused():  # hidden, weight and the logp of a fused lm_head forward with autograd
+    h = torch.randn(64, 256, requires_grad=True)
+    w = torch.randn(4096, 256, requires_grad=True)
+    logp, lse = detlogp.fused_linear_logprobs(h, w, torch.randint(0, 4096, (64,)))
+    return h, w, logp
+
 torch.manual_seed(0)
 """
 
@@ -51,23 +57,17 @@ CASES = {
         (logp.sum() + lse.sum()).backward()
     """),
     "fused weight": ("weight", """
-        h = torch.randn(64, 256, requires_grad=True)
-        w = torch.randn(4096, 256, requires_grad=True)
-        logp, lse = detlogp.fused_linear_logprobs(h, w, torch.randint(0, 4096, (64,)))
+        h, w, logp = fused()
         free(w)
         logp.sum().backward()
     """),
     "fused hidden": ("hidden", """
-        h = torch.randn(64, 256, requires_grad=True)
-        w = torch.randn(4096, 256, requires_grad=True)
-        logp, lse = detlogp.fused_linear_logprobs(h, w, torch.randint(0, 4096, (64,)))
+        h, w, logp = fused()
         free(h)
         logp.sum().backward()
     """),
     "fused weight reallocated elsewhere": ("weight", """
-        h = torch.randn(64, 256, requires_grad=True)
-        w = torch.randn(4096, 256, requires_grad=True)
-        logp, lse = detlogp.fused_linear_logprobs(h, w, torch.randint(0, 4096, (64,)))
+        h, w, logp = fused()
         keep = torch.empty(4096 * 256)  # the old block stays taken: the new one lies elsewhere
         s = w.untyped_storage() if hasattr(w, "untyped_storage") else w.storage()
         n = s.size()
