@@ -1,5 +1,10 @@
 """Contract builders and bit-level comparisons for the detlogp Python tests."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import torch
 
@@ -52,3 +57,13 @@ def assert_bitwise(a, b, what=""):
     if not np.array_equal(ba, bb):
         idx = np.argwhere(ba != bb)[:5]
         raise AssertionError(f"{what}: not bitwise equal at {idx.tolist()}")
+
+
+def run_child_script(script, timeout=120):
+    """Runs ``script`` in a fresh interpreter that imports what this one does (this folder and
+    this sys.path), so that a crash or a deadlock fails one test instead of the test run.
+    Returns the CompletedProcess (text stdout and stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).parent)] + [p for p in sys.path if p]))
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -4,14 +4,13 @@ offloading do (``storage().resize_(0)``, which autograd's version counter does n
 raise LogprobContractError naming the buffer, never read freed memory. Each case runs in a
 child process, so a crash fails the case instead of the test run."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 pytest.importorskip("torch")
+
+from helpers import run_child_script  # noqa: E402 - it imports torch
 
 PRELUDE = """
 import torch, detlogp
@@ -92,8 +91,7 @@ else:
 def test_freed_storage_before_backward_raises(case):
     name, body = CASES[case]
     script = PRELUDE + CHECK.format(body=textwrap.indent(textwrap.dedent(body), "    "))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ))
+    proc = run_child_script(script)
     assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{proc.stderr}"
     out = proc.stdout.strip()
     assert out.startswith("RAISED"), out
@@ -110,7 +108,6 @@ def test_storage_intact_backward_still_runs():
         detlogp.fused_linear_logprobs(h, w, torch.randint(0, 64, (8,)))[0].sum().backward()
         print(bool(torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ))
+    proc = run_child_script(script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"

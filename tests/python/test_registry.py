@@ -505,15 +505,9 @@ def test_a_factory_that_lets_the_gil_go_does_not_deadlock_other_dispatching_thre
     """A thread waiting for a backend another thread's factory is building must not hold the
     GIL that factory needs back. Run in a child process: a deadlock there is a timeout
     here, not a hung test run."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
+    from helpers import run_child_script
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(pathlib.Path(__file__).parent)] + [p for p in sys.path if p]))
-    proc = subprocess.run([sys.executable, "-c", GIL_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_child_script(GIL_SCRIPT)
     assert proc.returncode == 0 and "no deadlock" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -576,13 +570,7 @@ print("python backend served detlogp.torch")
 
 def test_detlogp_torch_calls_a_python_backend_on_the_default_registry():
     """Child process: the default registry is process-wide."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
+    from helpers import run_child_script
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(pathlib.Path(__file__).parent)] + [p for p in sys.path if p]))
-    proc = subprocess.run([sys.executable, "-c", TORCH_API_PY_BACKEND_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_child_script(TORCH_API_PY_BACKEND_SCRIPT)
     assert proc.returncode == 0 and "served" in proc.stdout, proc.stdout + proc.stderr

@@ -1,11 +1,6 @@
 """Backend factories may call their registry back (from Python too, on a fresh registry and on
 the process-wide one), and a Backend.cpu backend cannot declare more than its kernels compute."""
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
 from detlogp import Backend, LogprobBackendCapability, LogprobContractError, Registry
@@ -45,10 +40,9 @@ print("no deadlock")
 
 def test_a_factory_may_call_its_registry_back():
     """In a child process: a deadlock there is a timeout here, not a hung test run."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(pathlib.Path(__file__).parent)] + [p for p in sys.path if p]))
-    proc = subprocess.run([sys.executable, "-c", REENTRANT_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=120)
+    from helpers import run_child_script
+
+    proc = run_child_script(REENTRANT_SCRIPT)
     assert proc.returncode == 0 and "no deadlock" in proc.stdout, proc.stdout + proc.stderr
 
 
