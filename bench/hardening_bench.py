@@ -37,22 +37,21 @@ import torch.multiprocessing as mp
 REAL = 151936
 
 
-def _gather_without_overlap_byte(self, send_view, recv_view, in_place):
+def _gather_without_overlap_byte(self, send):
     """The transport's all_gather before the overlap byte (CPU tensors): for the "off" mode."""
-    n = len(send_view)
+    n = len(send)
     if n == 0:
         outs = [torch.empty(1, dtype=torch.uint8) for _ in range(self.size)]
         work = dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group,
                                async_op=True)
         self._wait(work, "all_gather")
-        return
-    send = torch.frombuffer(send_view, dtype=torch.uint8)
-    if in_place:
-        send = send.clone()
-    recv = torch.frombuffer(recv_view, dtype=torch.uint8)
+        return b""
+    recv = torch.empty(self.size * n, dtype=torch.uint8)
     outs = list(recv.split(n))
-    work = dist.all_gather(outs, send, group=self.group, async_op=True)
+    work = dist.all_gather(outs, torch.frombuffer(bytearray(send), dtype=torch.uint8),
+                           group=self.group, async_op=True)
     self._wait(work, "all_gather")
+    return recv.numpy().tobytes()
 
 
 def _switch(on):
@@ -192,10 +191,9 @@ def _micro():
     dist.all_gather = copy_gather
     cb = dcomm._Callbacks(None, 0, 2, "bench", 60.0, None, dcomm._CallGuard())
     for n in (512, 65536):
-        send, recv = bytearray(n), bytearray(2 * n)
-        sv, rv = memoryview(send), memoryview(recv)
-        on, off = _per_call_us(lambda: dcomm._Callbacks.all_gather(cb, sv, rv, False), 2000,
-                               lambda: _gather_without_overlap_byte(cb, sv, rv, False))
+        send = bytes(n)
+        on, off = _per_call_us(lambda: dcomm._Callbacks.all_gather(cb, send), 2000,
+                               lambda: _gather_without_overlap_byte(cb, send))
         print(json.dumps({"check": f"gather_{n}", "with_us": on, "without_us": off,
                           "extra_us": on - off}), flush=True)
 

@@ -4,7 +4,9 @@ detlogp's C++ operator talks to a ``Communicator`` (include/detlogp/comm.hpp): r
 an all-gather of equal-size byte buffers and a barrier. ``TorchDistributedComm`` is one whose
 collectives call back into Python (taking the GIL) and run ``torch.distributed.all_gather``
 over uint8 tensors of the given process group (gloo on CPU), and ``dist.barrier(group)``.
-The buffers are wrapped, not copied (``torch.frombuffer``); a collective only moves bytes.
+Each collective crosses from C++ into Python once: this rank's bytes go in as a bytes object and
+every rank's come back as one (they are few: a handful per token), and torch is called twice
+(the all-gather, started asynchronously, and its wait).
 
 Where the bytes travel follows the group's backend: a gloo (or MPI) group all-gathers CPU
 tensors; any other backend (NCCL, ...) cannot, so the (small: a few bytes per token) buffers
@@ -269,10 +271,10 @@ class _Callbacks:
             raise _TransportFailure(self._failure(collective, error)) from error
 
     def _reported(self, collective, start):
-        """Runs ``start()`` (a collective, started and waited for); a RuntimeError the transport
+        """``start()`` (a collective, started and waited for); a RuntimeError the transport
         raises while starting it (a peer already gone) is reported like one raised by the wait."""
         try:
-            start()
+            return start()
         except _TransportFailure:
             raise
         except RuntimeError as error:
@@ -294,37 +296,37 @@ class _Callbacks:
                     f"failed; look at the other ranks' errors) ({text})")
         return f"{where} failed {rank}: the transport reported an error ({text})"
 
-    def all_gather(self, send_view, recv_view, in_place):
-        self._reported("all_gather", lambda: self._all_gather(send_view, recv_view, in_place))
+    def all_gather(self, send):
+        """Every rank's ``send`` bytes, in rank order (one bytes object)."""
+        return self._reported("all_gather", lambda: self._all_gather(send))
 
-    def _all_gather(self, send_view, recv_view, in_place):
+    def _all_gather(self, send):
         """Gathers one byte more per rank than asked: byte 0 says whether the rank saw two
-        calls of the group overlap (then every rank raises here). The send bytes are copied
-        first, so ``in_place`` (send is this rank's block of recv) needs nothing more. Zero
-        bytes still synchronise (gloo cannot gather empty tensors; the flag is never empty).
-        On a backend without CPU collectives the bytes travel through device tensors; a list
-        of views into one tensor suits NCCL and gloo alike (gloo of torch 1.13 has no
-        all_gather_into_tensor), so the CPU tests exercise that path too."""
+        calls of the group overlap (then every rank raises here). Zero bytes still synchronise
+        (gloo cannot gather empty tensors; the flag is never empty). On a backend without CPU
+        collectives the bytes travel through device tensors; a list of views into one tensor
+        suits NCCL and gloo alike (gloo of torch 1.13 has no all_gather_into_tensor), so the
+        CPU tests exercise that path too."""
         import torch
 
         dist = _dist()
-        n = len(send_view)
+        n = len(send)
         m = n + 1
         # NumPy for the small bookkeeping: a few microseconds where torch ops cost tens.
         send_np = np.empty(m, dtype=np.uint8)
         send_np[0] = 1 if self.guard is not None and self.guard.overlap else 0
-        send_np[1:] = np.frombuffer(send_view, dtype=np.uint8)
-        send = torch.from_numpy(send_np)
+        send_np[1:] = np.frombuffer(send, dtype=np.uint8)
+        send_t = torch.from_numpy(send_np)
         if self.device is None:
             recv_np = np.empty(self.size * m, dtype=np.uint8)
             recv = torch.from_numpy(recv_np)
         else:
-            send = send.to(self.device)
+            send_t = send_t.to(self.device)
             recv = torch.empty(self.size * m, dtype=torch.uint8, device=self.device)
         self._last = None
         outs = list(recv.split(m))
-        work = dist.all_gather(outs, send, group=self.group, async_op=True)
-        self._last = (work, outs, send, recv)
+        work = dist.all_gather(outs, send_t, group=self.group, async_op=True)
+        self._last = (work, outs, send_t, recv)
         self._wait(work, "all_gather")
         if self.device is not None:
             recv_np = recv.cpu().numpy()  # synchronizes
@@ -332,9 +334,7 @@ class _Callbacks:
         if any(flags):
             first = next(r for r, f in enumerate(flags) if f)
             raise _TransportFailure(_overlap_message(self.name, first))
-        if n:
-            blocks = recv_np.reshape(self.size, m)
-            np.frombuffer(recv_view, dtype=np.uint8).reshape(self.size, n)[:] = blocks[:, 1:]
+        return recv_np.reshape(self.size, m)[:, 1:].tobytes()
 
     def barrier(self):
         self._reported("barrier", self._barrier)

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -33,8 +34,10 @@ using detlogp::ContractError;
 
 class PyCallbackComm final : public Communicator {
  public:
-  // all_gather_fn(send: memoryview, recv: memoryview, in_place: bool) fills recv with every
-  // rank's send bytes in rank order; barrier_fn() returns once every rank has entered it.
+  // all_gather_fn(send: bytes) returns every rank's send bytes in rank order (bytes of size x
+  // len(send)); barrier_fn() returns once every rank has entered it. One call into Python per
+  // collective: the bytes are few (a handful per token), so copying them in and out costs
+  // less than exporting this rank's buffers as views and releasing them again afterwards.
   PyCallbackComm(int rank, int size, std::string name, py::function all_gather_fn,
                  py::function barrier_fn)
       : rank_(rank),
@@ -69,28 +72,26 @@ class PyCallbackComm final : public Communicator {
 
  protected:
   void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
-                     bool in_place) override {
+                     bool /*in_place: send is copied before anything is received*/) override {
     py::gil_scoped_acquire gil;
     try {
-      static std::byte empty[1];
-      // The Python side only reads `send`; it is exposed writable because torch.frombuffer
-      // warns about read-only buffers.
-      auto* send_ptr = send.empty() ? empty : const_cast<std::byte*>(send.data());
-      auto* recv_ptr = recv.empty() ? empty : recv.data();
-      py::memoryview send_view = py::memoryview::from_memory(
-          static_cast<void*>(send_ptr), static_cast<py::ssize_t>(send.size()), false);
-      py::memoryview recv_view = py::memoryview::from_memory(
-          static_cast<void*>(recv_ptr), static_cast<py::ssize_t>(recv.size()), false);
-      all_gather_fn_(send_view, recv_view, in_place);
-      // The views must not outlive this call: release them so that a Python reference kept
-      // by mistake cannot reach freed memory. Best effort: a view still exported (a tensor
-      // that is not yet garbage) refuses, and the gather itself has succeeded.
-      for (py::memoryview* view : {&send_view, &recv_view}) {
-        try {
-          view->attr("release")();
-        } catch (py::error_already_set&) {
-        }
+      const py::bytes sent(reinterpret_cast<const char*>(send.data()), send.size());
+      const py::object got = all_gather_fn_(sent);
+      if (!py::isinstance<py::bytes>(got)) {
+        throw std::runtime_error(name_ + " all_gather failed on rank " + std::to_string(rank_) +
+                                 ": the callback returned " +
+                                 std::string(py::str(got.get_type().attr("__name__"))) +
+                                 ", expected bytes");
       }
+      const auto size = static_cast<std::size_t>(PyBytes_GET_SIZE(got.ptr()));
+      if (size != recv.size()) {
+        throw std::runtime_error(name_ + " all_gather failed on rank " + std::to_string(rank_) +
+                                 ": the callback returned " + std::to_string(size) +
+                                 " bytes, expected " + std::to_string(recv.size()) + " (" +
+                                 std::to_string(size_) + " ranks x " + std::to_string(send.size()) +
+                                 ")");
+      }
+      if (size != 0) std::memcpy(recv.data(), PyBytes_AS_STRING(got.ptr()), size);
     } catch (py::error_already_set& e) {
       throw std::runtime_error(transport_failure(e, "all_gather"));
     }

@@ -70,22 +70,25 @@ def test_callback_communicator_moves_bytes_and_reports_python_errors():
 
     from helpers import contract
 
-    def loopback(send, recv, in_place):  # a fake 2-rank group whose ranks send the same bytes
-        n = len(send)
-        data = bytes(send)
-        for r in range(2):
-            recv[r * n:(r + 1) * n] = data
+    def loopback(send):  # a fake 2-rank group whose ranks send the same bytes
+        return send * 2
 
     comm = detlogp._detlogp.CallbackComm(1, 2, "loop", loopback, lambda: None)
     assert (comm.rank, comm.size, comm.name) == (1, 2, "loop")
     assert comm.all_gather(b"ab") == b"abab"
 
-    def boom(send, recv, in_place):
+    def boom(send):
         raise ValueError("boom")
 
     bad = detlogp._detlogp.CallbackComm(0, 2, "test", boom, lambda: None)
     with pytest.raises(RuntimeError, match="test all_gather failed on rank 0: .*boom"):
         bad.all_gather(b"ab")
+    short = detlogp._detlogp.CallbackComm(0, 2, "test", lambda send: send, lambda: None)
+    with pytest.raises(RuntimeError, match=r"returned 2 bytes, expected 4 \(2 ranks x 2\)"):
+        short.all_gather(b"ab")
+    text = detlogp._detlogp.CallbackComm(0, 2, "test", lambda send: "abab", lambda: None)
+    with pytest.raises(RuntimeError, match="returned str, expected bytes"):
+        text.all_gather(b"ab")
     # Through the operator: the preflight's all-gather fails cleanly (no crash, no hang).
     c = contract(4, 1000, 1024, bounds=[(0, 512), (512, 1024)], tile_width=64)
     op, _ = detlogp.get_logprob_op(c)

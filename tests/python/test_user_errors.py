@@ -11,13 +11,8 @@ import detlogp.torch as dt
 
 def mirror(rank=0, size=2):
     """A fake TP group whose other ranks send exactly what this one sends (no process)."""
-    def all_gather(send, recv, in_place):
-        n = len(send)
-        data = bytes(send)
-        for r in range(size):
-            recv[r * n:(r + 1) * n] = data
-
-    return detlogp._detlogp.CallbackComm(rank, size, "mirror", all_gather, lambda: None)
+    return detlogp._detlogp.CallbackComm(rank, size, "mirror", lambda send: send * size,
+                                         lambda: None)
 
 
 def message_of(fn):
