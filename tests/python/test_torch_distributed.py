@@ -31,11 +31,16 @@ def _shard(tp, rank):
     return slice(s, s + w)
 
 
+def _against_tp1(ranks, scenario, dtype, tp):
+    """(rank, its result of ``scenario`` at TP=tp, its result at TP=1) for every rank."""
+    for rank, res in enumerate(ranks):
+        yield rank, res[f"{scenario} {dtype} tp{tp}"], res[f"{scenario} {dtype} tp1"]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_logp_entropy_grads_bitwise_equal_to_tp1(ranks, dtype, tp):
-    for rank, res in enumerate(ranks):
-        got, ref = res[f"logprobs {dtype} tp{tp}"], res[f"logprobs {dtype} tp1"]
+    for rank, got, ref in _against_tp1(ranks, "logprobs", dtype, tp):
         assert_bitwise(got["logp"], ref["logp"], f"logp rank {rank}")
         assert_bitwise(got["entropy"], ref["entropy"], f"entropy rank {rank}")
         assert_bitwise(got["grad"], ref["grad"][..., _shard(tp, rank)], f"grad rank {rank}")
@@ -56,8 +61,7 @@ def test_device_transport_path_is_bitwise_equal(ranks):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_grpo_loop_bitwise_equal_across_tp(ranks, dtype, tp):
-    for rank, res in enumerate(ranks):
-        got, ref = res[f"grpo {dtype} tp{tp}"], res[f"grpo {dtype} tp1"]
+    for rank, got, ref in _against_tp1(ranks, "grpo", dtype, tp):
         assert_bitwise(got["losses"], ref["losses"], f"loss trajectory rank {rank}")
         assert_bitwise(got["weight"], ref["weight"][_shard(tp, rank)], f"weights rank {rank}")
         assert not torch.equal(ref["losses"][0], ref["losses"][-1])  # the loop did move
