@@ -32,9 +32,7 @@ namespace detlogp {
 void linear_logits(const LogitsView& hidden, const LogitsView& weight, const MutableLogitsView& out,
                    const ExecOptions& exec = {}, std::string_view kernel = {});
 
-// The dense kernels this build and CPU offer: "scalar-reference" and "highway:<TARGET>", best
-// SIMD target first after the reference.
-std::vector<std::string> fused_kernel_names();
+// fused_kernel_names() (detlogp/kernels.hpp) lists the kernels this build and CPU offer.
 
 struct FusedOptions {
   bool validate = true;  // targets in the real vocabulary, finite LSE on active rows
@@ -65,9 +63,12 @@ struct FusedTraffic {
 
 class FusedLinearLogprob {
  public:
-  // `kernel` as for linear_logits. The backend id travels in the cross-rank preflight.
+  // `kernel` as for linear_logits: the CPU fused kernels of that name (fused_kernels_for). The
+  // backend id travels in the cross-rank preflight.
   explicit FusedLinearLogprob(std::string_view kernel = {},
                               std::string backend_id = "cpu-fused-linear-logp");
+  // Over any fused kernels (another backend's); they must outlive the op and its results.
+  FusedLinearLogprob(const FusedKernels& kernels, std::string backend_id);
 
   const std::string& backend_id() const { return backend_id_; }
   std::string kernel_name() const;
@@ -92,7 +93,10 @@ class FusedLinearLogprob {
   static FusedTraffic traffic(const LogprobContract& contract, int64_t hidden_size, bool entropy);
 
  private:
-  std::string kernel_;
+  // The backend id with the hidden size, as the preflight compares it.
+  std::string backend_with_hidden(int64_t hidden_size) const;
+
+  const FusedKernels* kernels_;
   std::string backend_id_;
 };
 

@@ -114,6 +114,72 @@ inline void ShardKernels::read_target_logits(const LogitsView& shard, const Shar
   detlogp::read_target_logits(shard, spec, target_local, out);
 }
 
+// The fused lm_head's inputs on one rank, as its kernels see them: the hidden states and this
+// rank's rows of the lm_head weight (docs/fused.md). The logits of a tile are never stored
+// beyond one [row_block, W] block per thread.
+struct FusedShard {
+  LogitsView hidden;        // [rows, H]
+  LogitsView weight;        // [local_vocab, H]: vocabulary rows [vocab_start, + local_vocab)
+  int64_t vocab_start = 0;  // global vocabulary row of weight row 0; a multiple of W
+  TileGeometry geometry = {};
+  float temperature = 1.0f;  // z = dot(hidden row, weight row) / temperature
+  int64_t row_block = 32;    // rows per work block; the bits never depend on it
+};
+
+// The fused lm_head's kernels: the ShardKernels of a shard whose logits are computed tile by
+// tile from hidden x weight (the canon's dot products, docs/numerics.md "Fused lm_head")
+// instead of being read. Every implementation returns the same bits. No communication: the
+// operator exchanges node partials and grad_hidden node sums and calls back for the roots.
+class FusedKernels {
+ public:
+  virtual ~FusedKernels() = default;
+
+  // "scalar-reference" or "highway:<TARGET>".
+  virtual std::string name() const = 0;
+
+  // The shard kernels of the same canon, whose merge_roots rebuilds the LSE and entropy.
+  virtual const ShardKernels& shard_kernels() const = 0;
+
+  // As ShardKernels::node_partials, for nodes inside the shard (e.g. its canonical cover):
+  // out[row * nodes.size() + j].
+  virtual void node_partials(const FusedShard& shard, std::span<const TreeNode> nodes,
+                             bool with_entropy, std::span<NodePartial> out,
+                             const ExecOptions& exec = {}) const = 0;
+
+  // z of each row's target (one canonical dot, divided by the temperature) for rows whose
+  // target_local (a weight row) is >= 0; other rows get +0.
+  virtual void read_target_logits(const FusedShard& shard, std::span<const int64_t> target_local,
+                                  std::span<float> out) const = 0;
+
+  // The gradients of the shard's nodes. grad_weight ([local_vocab, H], the weight's dtype or
+  // fp32; skipped when its data is null): the sum over the tokens in token order, rounded once;
+  // rows at or beyond the real vocabulary get +0. hidden_sums (skipped when empty): for each
+  // node j the fp32 grad_hidden sum over its columns, [rows, H] at j * rows * H.
+  virtual void backward(const FusedShard& shard, std::span<const TreeNode> nodes,
+                        const BackwardInputs& in, const MutableLogitsView& grad_weight,
+                        std::span<float> hidden_sums, const ExecOptions& exec = {}) const = 0;
+
+  // grad_hidden ([rows, H], input dtype or fp32) from node sums that cover tiles [0, T) exactly
+  // once (every rank's nodes, concatenated): merged by the canonical tree, rounded once. With
+  // no nodes it is +0. The sums are merged in place (their memory is overwritten).
+  virtual void merge_hidden_sums(std::span<const TreeNode> nodes, std::span<float* const> sums,
+                                 const MutableLogitsView& grad_hidden) const = 0;
+
+  // out [rows, cols] fp32 = the canonical logits of hidden [rows, H] x weight [cols, H]
+  // (padding rows included: a plain product).
+  virtual void linear_logits(const LogitsView& hidden, const LogitsView& weight,
+                             const MutableLogitsView& out, const ExecOptions& exec = {}) const = 0;
+};
+
+// The CPU fused kernels: "" or "simd" for the best SIMD target, "scalar-reference" (or
+// "reference"), or a target such as "AVX2" / "highway:AVX2". Throws ContractError for a name
+// this build or CPU does not offer.
+const FusedKernels& fused_kernels_for(std::string_view kernel);
+
+// The CPU fused kernels this build and CPU offer: "scalar-reference" and "highway:<TARGET>",
+// best SIMD target first after the reference.
+std::vector<std::string> fused_kernel_names();
+
 // The scalar reference implementation.
 const ShardKernels& reference_kernels();
 

@@ -1,15 +1,35 @@
 #include "op/preflight.hpp"
 
 #include <cstring>
+#include <exception>
 #include <span>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "detlogp/errors.hpp"
+#include "detlogp/version.hpp"
 #include "op/preflight_record.hpp"
+#include "op/vocab_layout.hpp"
 
 namespace detlogp::op {
+
+PreflightFacts call_facts(std::string_view phase, const LogprobContract& c, std::string backend_id,
+                          bool entropy, int64_t rows) {
+  const ShardingSpec& sh = c.sharding();
+  PreflightFacts facts;
+  facts.phase = phase;
+  facts.fingerprint = c.cross_rank_fingerprint();
+  facts.backend_id = std::move(backend_id);
+  facts.numerics_version = std::string(kNumericsVersion);
+  facts.tile_width = c.tile_width();
+  facts.deterministic = true;
+  facts.entropy = entropy;
+  std::tie(facts.local_begin, facts.local_end) =
+      tile_range(sh.vocab_shard_bounds()[sh.tp_rank()], c.tile_width());
+  facts.rows = rows;
+  return facts;
+}
 
 int64_t preflight_record_bytes() { return static_cast<int64_t>(sizeof(PreflightRecord)); }
 
@@ -57,6 +77,26 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
                       "ends at {}; ranks must hold contiguous shards in rank order",
                       r, all[r].local_begin, all[r].local_end, r - 1, all[r - 1].local_end));
     }
+  }
+}
+
+void check_then_preflight(Communicator& comm, int64_t tp_world_size, PreflightFacts facts,
+                          const std::function<void()>& local_checks) {
+  std::exception_ptr local_exception;  // rethrown here with its code and field
+  try {
+    local_checks();
+  } catch (const ContractError& e) {
+    if (comm.size() == 1) throw;
+    facts.local_error = e.what();
+    local_exception = std::current_exception();
+  }
+  if (tp_world_size <= 1 && comm.size() <= 1) return;
+  try {
+    run_preflight(comm, facts);
+  } catch (const ContractError& e) {
+    // The preflight rethrows only this rank's message; keep the original error's code.
+    if (local_exception && e.what() == *facts.local_error) std::rethrow_exception(local_exception);
+    throw;
   }
 }
 

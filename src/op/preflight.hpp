@@ -5,6 +5,7 @@
 // ..."), so no rank is ever stranded waiting in a later collective.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -45,6 +46,12 @@ struct PreflightFacts {
   std::optional<std::string> local_error;
 };
 
+// The facts of a deterministic call of `phase` on this rank: the contract's fingerprint, the
+// build's numerics version, the tile width, this rank's tile range and row count. The caller
+// adds what its call compares beyond them.
+PreflightFacts call_facts(std::string_view phase, const LogprobContract& c, std::string backend_id,
+                          bool entropy, int64_t rows);
+
 // Size in bytes of one rank's record on the wire.
 int64_t preflight_record_bytes();
 
@@ -53,6 +60,15 @@ int64_t preflight_record_bytes();
 // validation failed rethrows its own message. Ranks whose rows layouts differ are reported
 // first, with field "rows_layout" (every other difference follows from it).
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
+
+// An operator call's first two steps: this rank's local checks, then, whenever the call is
+// collective (tp_world_size > 1 or a communicator of several ranks, whatever `validate` says),
+// the preflight with `facts`. A failed check (ContractError) throws at once with a communicator
+// of one rank; otherwise its message travels in the preflight, so that every other rank fails
+// with it instead of waiting for this one, and this rank rethrows its own error (code and field
+// kept).
+void check_then_preflight(Communicator& comm, int64_t tp_world_size, PreflightFacts facts,
+                          const std::function<void()>& local_checks);
 
 // Runs one collective step of an operator call. A transport failure (std::runtime_error: a
 // timeout, a peer that went away, an aborted group) is rethrown as std::runtime_error

@@ -3,16 +3,13 @@
 // computes which node and moves bytes.
 
 #include <algorithm>
-#include <cstring>
-#include <exception>
-#include <optional>
 
 #include <fmt/format.h>
 
 #include "detlogp/operator.hpp"
-#include "detlogp/version.hpp"
 #include "numerics/canon.hpp"
-#include "op/forward_wire.hpp"
+#include "op/call_checks.hpp"
+#include "op/forward_exchange.hpp"
 #include "op/preflight.hpp"
 #include "op/saved_forward.hpp"
 
@@ -26,7 +23,6 @@ std::string dtype_name(DType d) { return std::string(to_string(d)); }
 // the communicator's; docs/operator.md, "What forward does"), as ContractError.
 void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targets,
                         const LogprobContract& c) {
-  const ShardingSpec& sh = c.sharding();
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr)) {
     throw ContractError(
         ErrorCode::wrong_shape, "local_logits",
@@ -40,32 +36,10 @@ void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targe
                                     "pass the stride in elements",
                                     logits.row_stride, logits.cols));
   }
-  if (static_cast<int64_t>(targets.size()) != logits.rows) {
-    throw ContractError(
-        ErrorCode::wrong_shape, "target_ids",
-        fmt::format(
-            "target_ids must be 1-D with one entry per token: got {} targets for {} logits rows",
-            targets.size(), logits.rows));
-  }
-  if (logits.cols != sh.local_vocab_size()) {
-    throw ContractError(
-        ErrorCode::wrong_shape, "local_logits",
-        fmt::format(
-            "local_logits has {} vocab columns but the contract declares local shard [{}, {}) of "
-            "size {}",
-            logits.cols, sh.local_vocab_start(), sh.local_vocab_end(), sh.local_vocab_size()));
-  }
-  if (logits.rows != c.mask().num_tokens()) {
-    throw ContractError(
-        ErrorCode::wrong_shape, "local_logits",
-        fmt::format("local_logits has {} rows but the contract's MaskSpec declares num_tokens={}",
-                    logits.rows, c.mask().num_tokens()));
-  }
-  if (logits.dtype != c.dtype()) {
-    throw ContractError(ErrorCode::wrong_dtype, "local_logits",
-                        fmt::format("local_logits dtype {} does not match the contract dtype {}",
-                                    dtype_name(logits.dtype), dtype_name(c.dtype())));
-  }
+  op::check_one_target_per_row(targets, logits.rows, "logits");
+  op::check_local_vocab(logits.cols, "local_logits", "vocab columns", c);
+  op::check_num_tokens(logits.rows, "local_logits", c);
+  op::check_dtype(logits.dtype, "local_logits", c);
 }
 
 // The invocation checks, as ContractError: the inputs' shapes and dtype (check_input_shapes),
@@ -73,40 +47,7 @@ void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targe
 void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
                       const LogprobContract& c, const Communicator& comm, bool validate) {
   check_input_shapes(logits, targets, c);
-  const ShardingSpec& sh = c.sharding();
-  if (comm.size() != sh.tp_world_size()) {
-    throw ContractError(
-        ErrorCode::communicator_mismatch, "tp_world_size",
-        fmt::format(
-            "the communicator has {} ranks but the contract declares tp_world_size={}; pass the TP "
-            "subgroup, not the global group",
-            comm.size(), sh.tp_world_size()));
-  }
-  if (comm.rank() != sh.tp_rank()) {
-    throw ContractError(ErrorCode::communicator_mismatch, "tp_rank",
-                        fmt::format("tp_group rank {} does not match the contract tp_rank={}",
-                                    comm.rank(), sh.tp_rank()));
-  }
-  if (validate) {
-    const auto& active = c.mask().active_mask();
-    bool bad = false;
-    int64_t lo = 0, hi = 0;
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      if (!active[i]) continue;
-      const int64_t t = targets[i];
-      if (t < 0 || t >= sh.real_vocab_size()) {
-        lo = bad ? std::min(lo, t) : t;
-        hi = bad ? std::max(hi, t) : t;
-        bad = true;
-      }
-    }
-    if (bad) {
-      throw ContractError(ErrorCode::token_out_of_vocab, "target_ids",
-                          fmt::format("active target_ids must lie in the real vocabulary [0, {}); "
-                                      "got values in [{}, {}] on active rows",
-                                      sh.real_vocab_size(), lo, hi));
-    }
-  }
+  op::check_transport_and_targets(comm, targets, c, validate);
 }
 
 // The mode checks, which run first (docs/operator.md, "What forward does").
@@ -122,31 +63,6 @@ void check_mode(const LogprobContract& c, bool deterministic) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }  // no overflow
-
-// Tiles of a rank's shard in the deterministic mode.
-std::pair<int64_t, int64_t> tile_range(const VocabRange& bounds, int64_t w) {
-  return {bounds.start / w, ceil_div(bounds.end, w)};
-}
-
-// Node lists per rank: the canonical cover of each rank's tiles (deterministic), computed by
-// every rank from the contract, so every rank knows every rank's payload layout.
-std::vector<std::vector<TreeNode>> covers_of_all_ranks(const LogprobContract& c,
-                                                       const TileGeometry& g) {
-  std::vector<std::vector<TreeNode>> covers;
-  for (const VocabRange& b : c.sharding().vocab_shard_bounds()) {
-    auto [a, e] = tile_range(b, g.tile_width);
-    covers.push_back(canonical_cover(g, a, e));
-  }
-  return covers;
-}
-
-std::size_t max_cover(const std::vector<std::vector<TreeNode>>& covers) {
-  std::size_t m = 0;
-  for (const auto& c : covers) m = std::max(m, c.size());
-  return m;
-}
-
 // The non-deterministic mode reduces this rank's shard as if it started at column 0: local
 // tiles of W from the shard's first column, real columns up to R.
 ShardSpec local_spec(const LogprobContract& c) {
@@ -158,13 +74,18 @@ ShardSpec local_spec(const LogprobContract& c) {
                    .temperature = c.temperature()};
 }
 
-// Left fold of a row's node partials (the non-deterministic per-shard reduction).
-canon::Partial fold(const NodePartial* p, std::size_t n, bool entropy) {
-  canon::Partial acc = canon::identity_partial();
-  for (std::size_t j = 0; j < n; ++j) {
-    acc = canon::merge(acc, p[j], entropy);
+// Each row's node partials folded left to right into one (the non-deterministic per-shard
+// reduction): [rows][nodes] -> [rows][1].
+std::vector<NodePartial> fold_rows(const std::vector<NodePartial>& partials, int64_t rows,
+                                   std::size_t nodes, bool entropy) {
+  std::vector<NodePartial> folded(static_cast<std::size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    canon::Partial acc = canon::identity_partial();
+    for (std::size_t j = 0; j < nodes; ++j)
+      acc = canon::merge(acc, partials[i * nodes + j], entropy);
+    folded[i] = acc;
   }
-  return acc;
+  return folded;
 }
 
 }  // namespace
@@ -199,16 +120,13 @@ VocabParallelLogprob::VocabParallelLogprob(const ShardKernels& kernels, std::str
     : kernels_(kernels), backend_id_(std::move(backend_id)) {}
 
 ForwardTraffic VocabParallelLogprob::traffic(const LogprobContract& c, bool deterministic) {
-  const TileGeometry g{.real_vocab = c.sharding().real_vocab_size(), .tile_width = c.tile_width()};
   const int64_t rows = c.mask().num_tokens();
-  const int64_t nodes =
-      deterministic ? static_cast<int64_t>(max_cover(covers_of_all_ranks(c, g))) : 1;
+  const std::size_t nodes = deterministic ? op::covers_of_all_ranks(c).widest() : 1;
   ForwardTraffic t;
   if (c.sharding().tp_world_size() > 1) {
     t.preflight_bytes_per_rank = op::preflight_record_bytes();
     // Entropy adds a third float per node; report the larger (entropy) payload.
-    t.payload_bytes_per_rank =
-        op::ForwardWire(rows, static_cast<std::size_t>(nodes), true).block_bytes();
+    t.payload_bytes_per_rank = op::ForwardWire(rows, nodes, true).block_bytes();
   }
   return t;
 }
@@ -218,58 +136,28 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
                                             const LogprobContract& c, Communicator& comm,
                                             const ForwardOptions& opt) const {
   const ShardingSpec& sh = c.sharding();
-  const int64_t tp = sh.tp_world_size();
   const int64_t rows = logits.rows;
-  const int64_t w = c.tile_width();
-  const TileGeometry geometry{.real_vocab = sh.real_vocab_size(), .tile_width = w};
 
-  // 1. Local checks. With TP > 1 a local failure is not thrown yet: it travels in the
-  //    preflight so that the other ranks fail with it instead of waiting for this one.
-  std::optional<std::string> local_error;
-  std::exception_ptr local_exception;  // rethrown here with its code and field
-  try {
+  // 1-2. Local checks, then the preflight (which also compares the contract's parts, the
+  //      targets and the rows layout).
+  op::PreflightFacts facts = op::call_facts(op::kForwardPhase, c, backend_id_, opt.entropy, rows);
+  if (!opt.deterministic) {  // tiles unused: the local range in columns
+    facts.tile_width = 0;
+    facts.deterministic = false;
+    facts.local_begin = sh.local_vocab_start();
+    facts.local_end = sh.local_vocab_end();
+  }
+  facts.rows_layout = opt.rows_layout;
+  facts.contract = &c;
+  facts.targets = targets;
+  op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     check_mode(c, opt.deterministic);
     check_invocation(logits, targets, c, comm, opt.validate);
-  } catch (const ContractError& e) {
-    if (comm.size() == 1) throw;
-    local_error = e.what();
-    local_exception = std::current_exception();
-  }
+  });
 
-  // 2. Preflight: whenever TP > 1, whatever `validate` says (and whenever the communicator has
-  //    several ranks, so that a rank whose contract says TP=1 fails together with the others).
-  if (tp > 1 || comm.size() > 1) {
-    op::PreflightFacts facts;
-    facts.phase = op::kForwardPhase;
-    facts.fingerprint = c.cross_rank_fingerprint();
-    facts.backend_id = backend_id_;
-    facts.numerics_version = std::string(kNumericsVersion);
-    facts.tile_width = opt.deterministic ? w : 0;
-    facts.deterministic = opt.deterministic;
-    facts.entropy = opt.entropy;
-    if (opt.deterministic) {
-      std::tie(facts.local_begin, facts.local_end) =
-          tile_range(sh.vocab_shard_bounds()[sh.tp_rank()], w);
-    } else {
-      facts.local_begin = sh.local_vocab_start();
-      facts.local_end = sh.local_vocab_end();
-    }
-    facts.rows = rows;
-    facts.rows_layout = opt.rows_layout;
-    facts.contract = &c;
-    facts.targets = targets;
-    facts.local_error = local_error;
-    try {
-      op::run_preflight(comm, facts);
-    } catch (const ContractError& e) {
-      // The preflight rethrows only this rank's message; keep the original error's code.
-      if (local_exception && e.what() == *local_error) std::rethrow_exception(local_exception);
-      throw;
-    }
-  }
-
-  // 3. This rank's node partials and its copies of the targets it owns.
-  const auto& active_mask = c.mask().active_mask();
+  // 3. This rank's node partials and its copies of the targets it owns. Deterministic: the
+  //    nodes of its canonical cover. Non-deterministic: its cover folded into one partial.
+  op::TargetOwners owners = op::target_owners(c, targets);
   auto saved = std::make_shared<SavedForward>();
   saved->logits = logits;
   saved->producer = SavedForward::Producer::vocab_parallel;
@@ -277,88 +165,49 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   saved->has_entropy = opt.entropy;
   saved->entropy_grad = opt.entropy && opt.entropy_grad;
   saved->exec = opt.exec;
-  saved->active.resize(static_cast<std::size_t>(rows));
-  saved->target_local.assign(static_cast<std::size_t>(rows), -1);
-  std::vector<int64_t> owner(static_cast<std::size_t>(rows), -1);
-  for (int64_t i = 0; i < rows; ++i) {
-    saved->active[i] = active_mask[i] ? 1 : 0;
-    const int64_t t = targets[i];
-    if (!active_mask[i] || t < 0 || t >= sh.real_vocab_size()) continue;  // (validate off)
-    owner[i] = sh.owner_rank(t);
-    if (owner[i] == sh.tp_rank()) saved->target_local[i] = t - sh.local_vocab_start();
-  }
+  saved->active = owners.active;
+  saved->target_local = owners.target_local;
 
+  const op::Covers covers = opt.deterministic ? op::covers_of_all_ranks(c) : op::Covers{};
   std::vector<TreeNode> local_nodes;
-  std::vector<std::vector<TreeNode>> covers;
-  std::size_t width = 1;  // partials per row on the wire
   if (opt.deterministic) {
     saved->spec = ShardSpec{.vocab_start = sh.local_vocab_start(),
-                            .geometry = geometry,
+                            .geometry = op::tile_geometry(c),
                             .temperature = c.temperature()};
-    covers = covers_of_all_ranks(c, geometry);
-    local_nodes = covers[sh.tp_rank()];
-    width = max_cover(covers);
+    local_nodes = covers.of_rank[sh.tp_rank()];
   } else {
     saved->spec = local_spec(c);
-    local_nodes = canonical_cover(saved->spec.geometry, 0, ceil_div(sh.local_vocab_size(), w));
+    local_nodes = canonical_cover(saved->spec.geometry, 0,
+                                  op::ceil_div(sh.local_vocab_size(), c.tile_width()));
   }
   std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
   if (!local_nodes.empty()) {
     kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
   }
+  if (!opt.deterministic) local = fold_rows(local, rows, local_nodes.size(), opt.entropy);
   std::vector<float> target_z(static_cast<std::size_t>(rows));
   kernels_.read_target_logits(logits, saved->spec, saved->target_local, target_z);
 
   // 4. This rank's block of the all-gather (op/forward_wire.hpp); one all-gather.
-  const op::ForwardWire wire(rows, width, opt.entropy);
-  std::vector<float> send(wire.block_floats());
-  for (int64_t i = 0; i < rows; ++i) {
-    const NodePartial* row = local.data() + i * local_nodes.size();
-    if (opt.deterministic) {
-      for (std::size_t j = 0; j < local_nodes.size(); ++j) wire.put_partial(send, i, j, row[j]);
-      wire.pad_partials(send, i, local_nodes.size());
-    } else {
-      wire.put_partial(send, i, 0, fold(row, local_nodes.size(), opt.entropy));
-    }
-    wire.put_target(send, i, target_z[i]);
-  }
-
-  std::vector<float> recv;
-  std::span<const float> gathered = send;
-  if (tp > 1) {
-    recv.resize(wire.block_floats() * static_cast<std::size_t>(tp));
-    op::collective_step("forward all-gather of the node partials", [&] {
-      all_gather(comm, std::span<const float>(send), std::span<float>(recv));
-    });
-    gathered = recv;
-  }
+  const op::ForwardWire wire(rows, opt.deterministic ? covers.widest() : 1, opt.entropy);
+  const std::vector<float> gathered = op::all_gather_blocks(
+      comm,
+      op::pack_forward_block(wire, local, opt.deterministic ? local_nodes.size() : 1, target_z),
+      "forward all-gather of the node partials");
 
   // 5. Roots. Deterministic: every rank's cover nodes in rank order, one merge by the tree.
   //    Non-deterministic: one partial per rank, folded in rank order.
   LogprobResult out;
   out.lse.resize(static_cast<std::size_t>(rows));
   if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
-  auto unpack = [&](int64_t rank, int64_t i, std::size_t j) {
-    return wire.partial(wire.block_of(gathered, rank), i, j);
-  };
   if (opt.deterministic) {
-    std::vector<TreeNode> all_nodes;
-    for (const auto& cov : covers) all_nodes.insert(all_nodes.end(), cov.begin(), cov.end());
-    std::vector<NodePartial> all(static_cast<std::size_t>(rows) * all_nodes.size());
-    for (int64_t i = 0; i < rows; ++i) {
-      std::size_t k = 0;
-      for (int64_t r = 0; r < tp; ++r) {
-        for (std::size_t j = 0; j < covers[r].size(); ++j)
-          all[i * all_nodes.size() + k++] = unpack(r, i, j);
-      }
-    }
-    kernels_.merge_roots(geometry, all_nodes, all, rows,
-                         RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
+    op::merge_cover_roots(kernels_, saved->spec.geometry, covers, wire, gathered, rows,
+                          RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
   } else {
     for (int64_t i = 0; i < rows; ++i) {
       canon::Partial acc = canon::identity_partial();
-      for (int64_t r = 0; r < tp; ++r) {
-        acc = canon::merge(acc, unpack(r, i, 0), opt.entropy);
+      for (int64_t r = 0; r < sh.tp_world_size(); ++r) {
+        acc = canon::merge(acc, wire.partial(wire.block_of(gathered, r), i, 0), opt.entropy);
       }
       const canon::RootValues root = canon::finish_root(acc);
       out.lse[i] = root.lse;
@@ -367,30 +216,10 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   }
 
   // 6. logp: the target logit is copied from its owner's block, never summed.
-  out.logp.assign(static_cast<std::size_t>(rows), 0.0f);
-  for (int64_t i = 0; i < rows; ++i) {
-    if (!active_mask[i]) continue;
-    if (owner[i] < 0) {  // out-of-range active target with validate=false
-      out.logp[i] = canon::canonical_nan();
-      continue;
-    }
-    out.logp[i] =
-        canon::selected_logp(wire.target(wire.block_of(gathered, owner[i]), i), out.lse[i]);
-  }
+  out.logp = op::selected_logps(wire, gathered, owners, out.lse);
 
   // 7. Active rows must have a finite LSE (checked after compute, identically on every rank).
-  if (opt.validate) {
-    for (int64_t i = 0; i < rows; ++i) {
-      if (active_mask[i] && !std::isfinite(out.lse[i])) {
-        throw ContractError(
-            ErrorCode::non_finite_result, "local_logits",
-            fmt::format(
-                "non-finite logsumexp on an active row (token {}: lse={}): logits over the real "
-                "vocabulary must be finite for every active token",
-                i, out.lse[i]));
-      }
-    }
-  }
+  if (opt.validate) op::check_finite_lse(c.mask().active_mask(), out.lse, "local_logits");
   saved->lse = out.lse;
   if (saved->entropy_grad) saved->entropy = out.entropy;  // backward's only use of it
   out.saved = std::move(saved);
@@ -414,21 +243,7 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
             backend_id_));
   }
   const int64_t rows = s.logits.rows;
-  auto check_len = [&](std::span<const float> v, const char* name) {
-    if (!v.empty() && static_cast<int64_t>(v.size()) != rows) {
-      throw ContractError(ErrorCode::wrong_shape, name,
-                          fmt::format("{} must have one entry per token: got {} for {} tokens",
-                                      name, v.size(), rows));
-    }
-  };
-  check_len(g.grad_logp, "grad_logp");
-  check_len(g.grad_lse, "grad_lse");
-  check_len(g.grad_entropy, "grad_entropy");
-  if (!g.grad_entropy.empty() && !s.has_entropy) {
-    throw ContractError(ErrorCode::mode_mismatch, "grad_entropy",
-                        "grad_entropy was given but forward ran with entropy=false; run forward "
-                        "with entropy=true");
-  }
+  op::check_grads(g, rows, s.has_entropy);
   if (!g.grad_entropy.empty() && !s.entropy_grad) {
     throw ContractError(
         ErrorCode::mode_mismatch, "grad_entropy",
@@ -444,13 +259,7 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
                                     grad.cols, dtype_name(grad.dtype), grad.row_stride));
   }
   // Inactive rows get no logp gradient (but do get the LSE and entropy gradients).
-  std::vector<float> g_logp;
-  if (!g.grad_logp.empty()) {
-    g_logp.assign(g.grad_logp.begin(), g.grad_logp.end());
-    for (int64_t i = 0; i < rows; ++i) {
-      if (!s.active[i]) g_logp[i] = 0.0f;
-    }
-  }
+  const std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, s.active);
   // LSE and entropy from the saved copies: the result's public vectors may have been moved.
   BackwardInputs in{.lse = s.lse,
                     .entropy = s.entropy,

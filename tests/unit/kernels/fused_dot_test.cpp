@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "detlogp/kernels.hpp"
 #include "kernels/cpu/fused/dot_kernels.hpp"
 #include "numerics/linear_canon.hpp"
 
@@ -108,9 +109,13 @@ TEST(FusedDotKernels, EveryTargetOfThisCpuIsListedAndNamed) {
   ASSERT_FALSE(simd_dot_ops().empty());
   for (const DotOps& ops : simd_dot_ops()) {
     EXPECT_EQ(ops.name.rfind("highway:", 0), 0u) << ops.name;
-    EXPECT_EQ(&dot_ops_for(ops.name), &ops);
+    EXPECT_EQ(fused_kernels_for(ops.name).name(), ops.name);
+    EXPECT_EQ(fused_kernels_for(ops.name.substr(8)).name(), ops.name);  // without "highway:"
+    EXPECT_EQ(&fused_kernels_for(ops.name).shard_kernels(), &simd_kernels());
   }
-  EXPECT_EQ(&dot_ops_for("scalar-reference"), &reference_dot_ops());
+  EXPECT_EQ(fused_kernels_for("").name(), simd_dot_ops().front().name);
+  EXPECT_EQ(fused_kernels_for("scalar-reference").name(), reference_dot_ops().name);
+  EXPECT_EQ(&fused_kernels_for("scalar-reference").shard_kernels(), &reference_kernels());
 }
 
 }  // namespace

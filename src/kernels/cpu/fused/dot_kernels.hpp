@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace detlogp::fused {
@@ -35,9 +34,5 @@ const DotOps& reference_dot_ops();
 
 // Every Highway target compiled in and supported by this CPU, best first.
 const std::vector<DotOps>& simd_dot_ops();
-
-// "" or "simd": the best SIMD target; "scalar-reference" (or "reference"); a target name such as
-// "AVX2" or "highway:AVX2". Throws ContractError for a name this build or CPU does not offer.
-const DotOps& dot_ops_for(std::string_view kernel);
 
 }  // namespace detlogp::fused

@@ -1,9 +1,6 @@
 // The scalar reference of the fused lm_head's dense kernels: the canon's definitions, element
 // by element (numerics/linear_canon.hpp). Slow and obviously right; the SIMD targets are tested
 // bitwise against it.
-#include <fmt/format.h>
-
-#include "detlogp/errors.hpp"
 #include "kernels/cpu/fused/dot_kernels.hpp"
 #include "numerics/linear_canon.hpp"
 
@@ -36,20 +33,6 @@ void reference_chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int6
 const DotOps& reference_dot_ops() {
   static const DotOps ops{"scalar-reference", true, &reference_dot_tile, &reference_chain};
   return ops;
-}
-
-const DotOps& dot_ops_for(std::string_view kernel) {
-  if (kernel.empty() || kernel == "simd") return simd_dot_ops().front();
-  if (kernel == "scalar-reference" || kernel == "reference") return reference_dot_ops();
-  std::string known = "scalar-reference";
-  for (const DotOps& ops : simd_dot_ops()) {
-    if (ops.name == kernel || ops.name == "highway:" + std::string(kernel)) return ops;
-    known += ", " + ops.name;
-  }
-  throw ContractError(fmt::format(
-      "kernel '{}' is not available in this build on this CPU; pass one of: {} (or empty for the "
-      "best SIMD target)",
-      kernel, known));
 }
 
 }  // namespace detlogp::fused

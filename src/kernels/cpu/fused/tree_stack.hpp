@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "detlogp/kernels.hpp"
+#include "detlogp/numerics.hpp"
 
-namespace detlogp::op {
+namespace detlogp::fused {
 
 // Merge: void(Value& left, Value&& right) leaving merge(left, right) in `left`.
 template <class Value, class Merge>
@@ -54,4 +54,4 @@ class TreeStack {
   std::vector<Entry> stack_;
 };
 
-}  // namespace detlogp::op
+}  // namespace detlogp::fused

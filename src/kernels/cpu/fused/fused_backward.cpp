@@ -1,0 +1,186 @@
+// The CPU fused kernels' backward: per item, per row block, per tile, the tile's logits again
+// (never stored), the canon's fp32 logit gradient g, then two fma chains: grad_weight over the
+// tokens in increasing order, grad_hidden over the tile's columns, whose per-tile sums are
+// merged by the canonical tree into each node's sum. merge_hidden_sums merges every rank's
+// node sums by the same tree.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/fused/cpu_fused_kernels.hpp"
+#include "kernels/cpu/fused/tree_stack.hpp"
+#include "kernels/cpu/fused/widen.hpp"
+#include "kernels/cpu/fused/work_pool.hpp"
+#include "numerics/canon.hpp"
+
+namespace detlogp::fused {
+namespace {
+
+// Adds `right` into `left` elementwise (the canonical tree's merge of two grad_hidden sums).
+void add_into(float* left, const float* right, size_t n) {
+  for (size_t i = 0; i < n; ++i) left[i] = left[i] + right[i];
+}
+
+// The canon's fp32 logit gradient of tile rows [0, m) (row stride W) from its logits s.z.
+void tile_gradient(const FusedShard& shard, const BackwardInputs& in, int64_t r0, int64_t m,
+                   int64_t t, int64_t count, Scratch& s) {
+  const int64_t w = shard.geometry.tile_width;
+  const int64_t local0 = t * w - shard.vocab_start;
+  s.g.resize(static_cast<size_t>(m * w));
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t row = r0 + i;
+    canon::GradCoefficients gc;
+    gc.has_logp = !in.grad_logp.empty();
+    gc.has_lse = !in.grad_lse.empty();
+    gc.has_entropy = !in.grad_entropy.empty();
+    gc.g_logp = gc.has_logp ? in.grad_logp[row] : 0.0f;
+    gc.g_lse = gc.has_lse ? in.grad_lse[row] : 0.0f;
+    gc.g_entropy = gc.has_entropy ? in.grad_entropy[row] : 0.0f;
+    const float lse = in.lse[row];
+    const float entropy = gc.has_entropy ? in.entropy[row] : 0.0f;
+    const int64_t target = in.target_local[row] - local0;  // column in this tile, or outside
+    for (int64_t k = 0; k < count; ++k) {
+      const float z = canon::scale_logit(s.z[i * w + k], shard.temperature);
+      s.g[i * w + k] = canon::canonicalize(
+          canon::grad_element(z, k == target, lse, entropy, gc, shard.temperature));
+    }
+  }
+}
+
+}  // namespace
+
+void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode> nodes,
+                               const BackwardInputs& in, const MutableLogitsView& grad_weight,
+                               std::span<float> hidden_sums, const ExecOptions& exec) const {
+  const int64_t rows = shard.hidden.rows;
+  const int64_t hs = shard.hidden.cols;
+  const bool want_hidden = !hidden_sums.empty();
+  const bool want_weight = grad_weight.data != nullptr;
+  const Hidden32 h32 = widen_hidden(shard.hidden);
+  const int64_t real_tiles = shard.geometry.num_real_tiles();
+  const int64_t w = shard.geometry.tile_width;
+  const int threads0 = resolve_threads(exec.threads, 1 << 20);
+  const std::vector<Item> items = split_items(nodes, real_tiles, threads0);
+  const int threads = resolve_threads(exec.threads, static_cast<int64_t>(items.size()));
+  const size_t plane = static_cast<size_t>(rows * hs);  // one [rows, H] grad_hidden sum
+  std::vector<float> item_hidden(want_hidden ? items.size() * plane : 0);
+  std::vector<Scratch> scratch(static_cast<size_t>(threads));
+  const bool weight_direct = want_weight && grad_weight.dtype == DType::fp32;
+
+  run_items(static_cast<int64_t>(items.size()), threads, [&](int64_t k, int worker) {
+    Scratch& s = scratch[worker];
+    const auto [t0, t1] = real_tiles_of(items[k].node, real_tiles);
+    const int64_t local_first = t0 * w - shard.vocab_start;
+    const int64_t local_rows = std::min(t1 * w, shard.geometry.real_vocab) - t0 * w;
+    // grad_weight chains of this item's rows: the output itself (fp32), or an fp32 scratch of
+    // one tile when a single row block finishes every chain at once, else of the whole item.
+    const bool per_tile = want_weight && !weight_direct && rows <= shard.row_block;
+    std::vector<float> gw_scratch;
+    float* gw = nullptr;
+    int64_t ldgw = hs;
+    if (want_weight) {
+      if (per_tile) {
+        s.gw.resize(static_cast<size_t>(w * hs));
+      } else if (weight_direct) {
+        gw = static_cast<float*>(grad_weight.data) + local_first * grad_weight.row_stride;
+        ldgw = grad_weight.row_stride;
+      } else {
+        gw_scratch.resize(static_cast<size_t>(local_rows * hs));
+        gw = gw_scratch.data();
+      }
+    }
+    // grad_hidden: per row block a stack of [m, H] tile sums, merged by the tree.
+    std::vector<std::vector<float>> pool;  // free buffers
+    auto take = [&](size_t n) {
+      std::vector<float> v;
+      if (!pool.empty()) {
+        v = std::move(pool.back());
+        pool.pop_back();
+      }
+      v.resize(n);
+      return v;
+    };
+    auto merge = [&](std::vector<float>& left, std::vector<float>&& right) {
+      add_into(left.data(), right.data(), left.size());
+      pool.push_back(std::move(right));
+    };
+    for (int64_t r0 = 0; r0 < rows; r0 += shard.row_block) {
+      const int64_t m = std::min(shard.row_block, rows - r0);
+      TreeStack<std::vector<float>, decltype(merge)> stack(merge);
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* wt = nullptr;
+        int64_t ldw = 0;
+        const int64_t count = tile_logits(ops_, shard, h32, t, r0, m, s, &wt, &ldw);
+        tile_gradient(shard, in, r0, m, t, count, s);
+        if (want_weight) {
+          // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.
+          float* y = per_tile ? s.gw.data() : gw + (t * w - shard.vocab_start - local_first) * ldgw;
+          ops_.chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs, y,
+                     ldgw, r0 == 0);
+          for (int64_t c = 0; per_tile && c < count; ++c) {
+            narrow_row(y + c * hs, hs, grad_weight, t * w - shard.vocab_start + c);
+          }
+        }
+        if (want_hidden) {
+          std::vector<float> part = take(static_cast<size_t>(m * hs));
+          ops_.chain(s.g.data(), w, 1, m, count, wt, ldw, hs, part.data(), hs, true);
+          stack.push(TreeNode{0, t}, std::move(part));
+        }
+      }
+      if (want_hidden) {
+        std::vector<float> sum = stack.finish();
+        std::memcpy(item_hidden.data() + k * plane + r0 * hs, sum.data(),
+                    static_cast<size_t>(m * hs) * sizeof(float));
+        pool.push_back(std::move(sum));
+      }
+    }
+    if (want_weight && !weight_direct && !per_tile) {
+      for (int64_t c = 0; c < local_rows; ++c) {
+        narrow_row(gw + c * hs, hs, grad_weight, local_first + c);
+      }
+    } else if (weight_direct) {
+      for (int64_t c = 0; c < local_rows; ++c) {
+        float* row = gw + c * ldgw;
+        for (int64_t x = 0; x < hs; ++x) row[x] = canon::canonicalize(row[x]);
+      }
+    }
+  });
+
+  if (want_weight) {  // rows at or beyond the real vocabulary: exactly +0
+    const int64_t real_local =
+        std::clamp<int64_t>(shard.geometry.real_vocab - shard.vocab_start, 0, shard.weight.rows);
+    for (int64_t c = real_local; c < shard.weight.rows; ++c) zero_row(grad_weight, c, hs);
+  }
+  if (!want_hidden) return;
+
+  // Each node's sum from its items, in place in item_hidden.
+  auto merge_ptr = [plane](float*& left, float*&& right) { add_into(left, right, plane); };
+  std::size_t k = 0;
+  for (std::size_t j = 0; j < nodes.size(); ++j) {
+    TreeStack<float*, decltype(merge_ptr)> stack(merge_ptr);
+    for (; k < items.size() && items[k].node_index == j; ++k) {
+      stack.push(items[k].node, item_hidden.data() + k * plane);
+    }
+    const float* node_sum = stack.finish();
+    std::memcpy(hidden_sums.data() + j * plane, node_sum, plane * sizeof(float));
+  }
+}
+
+void CpuFusedKernels::merge_hidden_sums(std::span<const TreeNode> nodes,
+                                        std::span<float* const> sums,
+                                        const MutableLogitsView& grad_hidden) const {
+  const int64_t rows = grad_hidden.rows;
+  const int64_t hs = grad_hidden.cols;
+  const size_t plane = static_cast<size_t>(rows * hs);
+  if (nodes.empty()) {
+    for (int64_t i = 0; i < rows; ++i) zero_row(grad_hidden, i, hs);
+    return;
+  }
+  // Merged in place: each left operand accumulates its right sibling.
+  auto merge = [plane](float*& left, float*&& right) { add_into(left, right, plane); };
+  TreeStack<float*, decltype(merge)> root(merge);
+  for (std::size_t j = 0; j < nodes.size(); ++j) root.push(nodes[j], sums[j]);
+  const float* sum = root.finish();
+  for (int64_t i = 0; i < rows; ++i) narrow_row(sum + i * hs, hs, grad_hidden, i);
+}
+
+}  // namespace detlogp::fused
