@@ -9,6 +9,7 @@
 #include "detlogp/operator.hpp"
 #include "numerics/canon.hpp"
 #include "numerics/element_io.hpp"
+#include "op/call_checks.hpp"
 #include "op/saved_forward.hpp"
 
 namespace detlogp {
@@ -112,35 +113,15 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
 
 void BatchInvariantLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
                                      const MutableLogitsView& grad) const {
-  if (!fwd.saved) {
-    throw ContractError(ErrorCode::mode_mismatch, "fwd",
-                        "backward needs the LogprobResult of a forward call");
-  }
-  const SavedForward& s = *fwd.saved;
-  if (s.producer != SavedForward::Producer::batch_invariant) {
-    throw ContractError(
-        ErrorCode::mode_mismatch, "fwd",
-        fmt::format(
-            "{}: backward was given the result of another operator's forward; call backward on the "
-            "operator that ran forward",
-            backend_id_));
-  }
+  const SavedForward& s =
+      op::saved_state_of(fwd, SavedForward::Producer::batch_invariant, backend_id_);
   const LogitsView& x = s.logits;
   if (!g.grad_entropy.empty()) {
     throw ContractError(ErrorCode::not_supported, "grad_entropy",
                         fmt::format("{} has no entropy gradient", backend_id_));
   }
-  if (grad.rows != x.rows || grad.cols != x.cols || grad.dtype != x.dtype ||
-      grad.row_stride < grad.cols || (grad.rows > 0 && grad.data == nullptr)) {
-    throw ContractError(ErrorCode::wrong_shape, "grad",
-                        "grad must have the logits' shape and dtype");
-  }
-  for (const auto& v : {g.grad_logp, g.grad_lse}) {
-    if (!v.empty() && static_cast<int64_t>(v.size()) != x.rows) {
-      throw ContractError(ErrorCode::wrong_shape, "grad_logp, grad_lse",
-                          "incoming gradients must have one entry per token");
-    }
-  }
+  op::check_logits_grad(grad, x);
+  op::check_grads(g, x.rows, /*has_entropy=*/false);
   const int64_t real = s.spec.geometry.real_vocab;
   const float tau = s.spec.temperature;
   for (int64_t i = 0; i < x.rows; ++i) {

@@ -94,6 +94,35 @@ void check_transport_and_targets(const Communicator& comm, std::span<const int64
   }
 }
 
+const SavedForward& saved_state_of(const LogprobResult& fwd, SavedForward::Producer producer,
+                                   std::string_view backend_id) {
+  if (!fwd.saved) {
+    throw ContractError(ErrorCode::mode_mismatch, "fwd",
+                        "backward needs the LogprobResult of a forward call (its saved state is "
+                        "empty)");
+  }
+  if (fwd.saved->producer != producer) {
+    throw ContractError(
+        ErrorCode::mode_mismatch, "fwd",
+        fmt::format(
+            "{}: backward was given the result of another operator's forward; call backward on the "
+            "operator that ran forward",
+            backend_id));
+  }
+  return *fwd.saved;
+}
+
+void check_logits_grad(const MutableLogitsView& grad, const LogitsView& logits) {
+  if (grad.rows != logits.rows || grad.cols != logits.cols || grad.dtype != logits.dtype ||
+      grad.row_stride < grad.cols || (grad.rows > 0 && grad.data == nullptr)) {
+    throw ContractError(ErrorCode::wrong_shape, "grad",
+                        fmt::format("grad must have the logits' shape [{}, {}] and dtype {}; got "
+                                    "[{}, {}] {} (row_stride {})",
+                                    logits.rows, logits.cols, to_string(logits.dtype), grad.rows,
+                                    grad.cols, to_string(grad.dtype), grad.row_stride));
+  }
+}
+
 void check_grads(const LogprobGrads& g, int64_t rows, bool has_entropy) {
   auto check_len = [&](std::span<const float> v, const char* name) {
     if (!v.empty() && static_cast<int64_t>(v.size()) != rows) {

@@ -13,6 +13,7 @@
 #include "detlogp/contract.hpp"
 #include "detlogp/kernels.hpp"
 #include "detlogp/operator.hpp"
+#include "op/saved_forward.hpp"
 
 namespace detlogp::op {
 
@@ -39,6 +40,14 @@ void check_dtype(DType dtype, std::string_view field, const LogprobContract& c);
 // (size, then rank); with `validate`, the active targets lie in the real vocabulary.
 void check_transport_and_targets(const Communicator& comm, std::span<const int64_t> targets,
                                  const LogprobContract& c, bool validate);
+
+// The saved state of `fwd`, which the operator `backend_id` (of kind `producer`) must have made:
+// backward only accepts its own op's results.
+const SavedForward& saved_state_of(const LogprobResult& fwd, SavedForward::Producer producer,
+                                   std::string_view backend_id);
+
+// The logits gradient `grad`: the logits' shape and dtype, with data.
+void check_logits_grad(const MutableLogitsView& grad, const LogitsView& logits);
 
 // Backward's incoming gradients: one entry per token each (or none), and no grad_entropy when
 // forward computed no entropy.

@@ -17,8 +17,6 @@ namespace detlogp {
 
 namespace {
 
-std::string dtype_name(DType d) { return std::string(to_string(d)); }
-
 // The inputs' shapes and dtype against the contract (the invocation checks that come before
 // the communicator's; docs/operator.md, "What forward does"), as ContractError.
 void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targets,
@@ -228,20 +226,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
 
 void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
                                     const MutableLogitsView& grad) const {
-  if (!fwd.saved) {
-    throw ContractError(ErrorCode::mode_mismatch, "fwd",
-                        "backward needs the LogprobResult of a forward call (its saved state is "
-                        "empty)");
-  }
-  const SavedForward& s = *fwd.saved;
-  if (s.producer != SavedForward::Producer::vocab_parallel || s.kernels == nullptr) {
-    throw ContractError(
-        ErrorCode::mode_mismatch, "fwd",
-        fmt::format(
-            "{}: backward was given the result of another operator's forward; call backward on the "
-            "operator that ran forward",
-            backend_id_));
-  }
+  const SavedForward& s =
+      op::saved_state_of(fwd, SavedForward::Producer::vocab_parallel, backend_id_);
   const int64_t rows = s.logits.rows;
   op::check_grads(g, rows, s.has_entropy);
   if (!g.grad_entropy.empty() && !s.entropy_grad) {
@@ -250,14 +236,7 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
         "grad_entropy was given but forward ran with entropy_grad=false (the entropy is a "
         "constant for backward); run forward with entropy_grad=true to differentiate it");
   }
-  if (grad.rows != rows || grad.cols != s.logits.cols || grad.dtype != s.logits.dtype ||
-      grad.row_stride < grad.cols || (rows > 0 && grad.data == nullptr)) {
-    throw ContractError(ErrorCode::wrong_shape, "grad",
-                        fmt::format("grad must have the logits' shape [{}, {}] and dtype {}; got "
-                                    "[{}, {}] {} (row_stride {})",
-                                    rows, s.logits.cols, dtype_name(s.logits.dtype), grad.rows,
-                                    grad.cols, dtype_name(grad.dtype), grad.row_stride));
-  }
+  op::check_logits_grad(grad, s.logits);
   // Inactive rows get no logp gradient (but do get the LSE and entropy gradients).
   const std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, s.active);
   // LSE and entropy from the saved copies: the result's public vectors may have been moved.
