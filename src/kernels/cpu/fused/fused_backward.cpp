@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/common/grad_coefficients.hpp"
 #include "kernels/cpu/fused/cpu_fused_kernels.hpp"
 #include "kernels/cpu/fused/tree_stack.hpp"
 #include "kernels/cpu/fused/widen.hpp"
@@ -28,13 +29,7 @@ void tile_gradient(const FusedShard& shard, const BackwardInputs& in, int64_t r0
   s.g.resize(static_cast<size_t>(m * w));
   for (int64_t i = 0; i < m; ++i) {
     const int64_t row = r0 + i;
-    canon::GradCoefficients gc;
-    gc.has_logp = !in.grad_logp.empty();
-    gc.has_lse = !in.grad_lse.empty();
-    gc.has_entropy = !in.grad_entropy.empty();
-    gc.g_logp = gc.has_logp ? in.grad_logp[row] : 0.0f;
-    gc.g_lse = gc.has_lse ? in.grad_lse[row] : 0.0f;
-    gc.g_entropy = gc.has_entropy ? in.grad_entropy[row] : 0.0f;
+    const canon::GradCoefficients gc = kernels::grad_coefficients(in, row);
     const float lse = in.lse[row];
     const float entropy = gc.has_entropy ? in.entropy[row] : 0.0f;
     const int64_t target = in.target_local[row] - local0;  // column in this tile, or outside

@@ -14,6 +14,7 @@
 
 #include "detlogp/errors.hpp"
 #include "detlogp/kernels.hpp"
+#include "kernels/common/grad_coefficients.hpp"
 #include "kernels/common/validate.hpp"
 #include "numerics/canon.hpp"
 #include "numerics/element_io.hpp"
@@ -102,13 +103,7 @@ class ReferenceKernels final : public ShardKernels {
     const int64_t real_end = spec.geometry.real_vocab;
     for (int64_t r = 0; r < shard.rows; ++r) {
       const auto ri = static_cast<size_t>(r);
-      canon::GradCoefficients g{};
-      g.has_logp = !in.grad_logp.empty();
-      g.has_lse = !in.grad_lse.empty();
-      g.has_entropy = !in.grad_entropy.empty();
-      g.g_logp = g.has_logp ? in.grad_logp[ri] : 0.0f;
-      g.g_lse = g.has_lse ? in.grad_lse[ri] : 0.0f;
-      g.g_entropy = g.has_entropy ? in.grad_entropy[ri] : 0.0f;
+      const canon::GradCoefficients g = kernels::grad_coefficients(in, r);
       const float lse = in.lse[ri];
       const float entropy = g.has_entropy ? in.entropy[ri] : 0.0f;
       const int64_t target = in.target_local[ri];

@@ -297,27 +297,11 @@ void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   if (job.stream_stores) hwy::FlushStream();
 }
 
-template <DType kDT>
-void BackwardRowsDT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
-  const bool scaled = job.temperature != 1.0f;
-  if (job.grad_entropy != nullptr) {
-    scaled ? BackwardRowsT<kDT, true, true>(job, row_begin, row_end)
-           : BackwardRowsT<kDT, false, true>(job, row_begin, row_end);
-  } else {
-    scaled ? BackwardRowsT<kDT, true, false>(job, row_begin, row_end)
-           : BackwardRowsT<kDT, false, false>(job, row_begin, row_end);
-  }
-}
-
 void BackwardRows(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
-  switch (job.dtype) {
-    case DType::fp32:
-      return BackwardRowsDT<DType::fp32>(job, row_begin, row_end);
-    case DType::bf16:
-      return BackwardRowsDT<DType::bf16>(job, row_begin, row_end);
-    case DType::fp16:
-      return BackwardRowsDT<DType::fp16>(job, row_begin, row_end);
-  }
+  WithStaticFlags(job.dtype, job.temperature != 1.0f, job.grad_entropy != nullptr,
+                  [&]<DType kDT, bool kScaled, bool kEntropy>() {
+                    BackwardRowsT<kDT, kScaled, kEntropy>(job, row_begin, row_end);
+                  });
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR

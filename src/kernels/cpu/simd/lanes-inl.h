@@ -100,6 +100,27 @@ HWY_INLINE float FoldGroup(VF* acc) {
   return FoldAdd(DF(), acc[0]);
 }
 
+// Calls fn.template operator()<kDT, kA, kB>() with a run-time dtype and two run-time flags as
+// compile-time values: the row kernels are instantiated once per combination.
+template <class Fn>
+HWY_INLINE void WithStaticFlags(DType dtype, bool a, bool b, const Fn& fn) {
+  auto flags = [&]<DType kDT>() {
+    if (a) {
+      b ? fn.template operator()<kDT, true, true>() : fn.template operator()<kDT, true, false>();
+    } else {
+      b ? fn.template operator()<kDT, false, true>() : fn.template operator()<kDT, false, false>();
+    }
+  };
+  switch (dtype) {
+    case DType::fp32:
+      return flags.template operator()<DType::fp32>();
+    case DType::bf16:
+      return flags.template operator()<DType::bf16>();
+    case DType::fp16:
+      return flags.template operator()<DType::fp16>();
+  }
+}
+
 #endif  // HWY_TARGET != HWY_SCALAR
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

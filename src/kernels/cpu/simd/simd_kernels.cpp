@@ -32,6 +32,16 @@ constexpr int64_t kMaxThreads = 256;
 // logits and cost a read-for-ownership).
 constexpr int64_t kStreamBytes = int64_t{32} << 20;
 
+simd::ShardJob shard_job(const LogitsView& shard, const ShardSpec& spec) {
+  return simd::ShardJob{.data = shard.data,
+                        .dtype = shard.dtype,
+                        .row_stride = shard.row_stride,
+                        .cols = shard.cols,
+                        .vocab_start = spec.vocab_start,
+                        .geometry = spec.geometry,
+                        .temperature = spec.temperature};
+}
+
 int thread_count(const ExecOptions& exec, int64_t rows, int64_t elements_per_row) {
   int64_t threads = exec.threads > 0 ? exec.threads : std::thread::hardware_concurrency();
   if (threads < 1) threads = 1;
@@ -91,13 +101,7 @@ class HighwayKernels final : public ShardKernels {
     kernels::validate_node_partials(shard, spec, nodes, out);
     if (shard.rows == 0 || nodes.empty()) return;
     simd::NodePartialsJob job;
-    job.data = shard.data;
-    job.dtype = shard.dtype;
-    job.row_stride = shard.row_stride;
-    job.cols = shard.cols;
-    job.vocab_start = spec.vocab_start;
-    job.geometry = spec.geometry;
-    job.temperature = spec.temperature;
+    static_cast<simd::ShardJob&>(job) = shard_job(shard, spec);
     job.nodes = nodes.data();
     job.num_nodes = static_cast<int64_t>(nodes.size());
     job.with_entropy = with_entropy;
@@ -136,13 +140,7 @@ class HighwayKernels final : public ShardKernels {
     kernels::validate_backward(shard, spec, in, grad);
     if (shard.rows == 0 || shard.cols == 0) return;
     simd::BackwardJob job;
-    job.data = shard.data;
-    job.dtype = shard.dtype;
-    job.row_stride = shard.row_stride;
-    job.cols = shard.cols;
-    job.vocab_start = spec.vocab_start;
-    job.geometry = spec.geometry;
-    job.temperature = spec.temperature;
+    static_cast<simd::ShardJob&>(job) = shard_job(shard, spec);
     job.lse = in.lse.data();
     job.entropy = in.grad_entropy.empty() ? nullptr : in.entropy.data();
     job.target_local = in.target_local.data();

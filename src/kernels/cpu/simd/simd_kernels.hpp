@@ -14,21 +14,8 @@
 
 namespace detlogp::simd {
 
-struct NodePartialsJob {
-  const void* data = nullptr;  // element (r, c) at data + (r * row_stride + c) * dtype_size
-  DType dtype = DType::fp32;
-  int64_t row_stride = 0;
-  int64_t cols = 0;
-  int64_t vocab_start = 0;
-  TileGeometry geometry;
-  float temperature = 1.0f;
-  const TreeNode* nodes = nullptr;
-  int64_t num_nodes = 0;
-  bool with_entropy = false;
-  NodePartial* out = nullptr;  // out[row * num_nodes + j]
-};
-
-struct BackwardJob {
+// The shard a job reads: element (r, c) at data + (r * row_stride + c) * dtype_size.
+struct ShardJob {
   const void* data = nullptr;
   DType dtype = DType::fp32;
   int64_t row_stride = 0;
@@ -36,6 +23,16 @@ struct BackwardJob {
   int64_t vocab_start = 0;
   TileGeometry geometry;
   float temperature = 1.0f;
+};
+
+struct NodePartialsJob : ShardJob {
+  const TreeNode* nodes = nullptr;
+  int64_t num_nodes = 0;
+  bool with_entropy = false;
+  NodePartial* out = nullptr;  // out[row * num_nodes + j]
+};
+
+struct BackwardJob : ShardJob {
   const float* lse = nullptr;
   const float* entropy = nullptr;         // null unless grad_entropy is given
   const int64_t* target_local = nullptr;  // -1: no target column in this shard

@@ -162,27 +162,11 @@ void NodePartialsRowsT(const NodePartialsJob& job, int64_t row_begin, int64_t ro
   }
 }
 
-template <DType kDT>
-void NodePartialsRowsDT(const NodePartialsJob& job, int64_t row_begin, int64_t row_end) {
-  const bool scaled = job.temperature != 1.0f;
-  if (job.with_entropy) {
-    scaled ? NodePartialsRowsT<kDT, true, true>(job, row_begin, row_end)
-           : NodePartialsRowsT<kDT, true, false>(job, row_begin, row_end);
-  } else {
-    scaled ? NodePartialsRowsT<kDT, false, true>(job, row_begin, row_end)
-           : NodePartialsRowsT<kDT, false, false>(job, row_begin, row_end);
-  }
-}
-
 void NodePartialsRows(const NodePartialsJob& job, int64_t row_begin, int64_t row_end) {
-  switch (job.dtype) {
-    case DType::fp32:
-      return NodePartialsRowsDT<DType::fp32>(job, row_begin, row_end);
-    case DType::bf16:
-      return NodePartialsRowsDT<DType::bf16>(job, row_begin, row_end);
-    case DType::fp16:
-      return NodePartialsRowsDT<DType::fp16>(job, row_begin, row_end);
-  }
+  WithStaticFlags(job.dtype, job.with_entropy, job.temperature != 1.0f,
+                  [&]<DType kDT, bool kEntropy, bool kScaled>() {
+                    NodePartialsRowsT<kDT, kEntropy, kScaled>(job, row_begin, row_end);
+                  });
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
