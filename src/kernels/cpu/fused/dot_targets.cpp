@@ -32,6 +32,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway headers after foreach_target.h.
 #include <hwy/highway.h>
+#include "kernels/cpu/simd/lanes-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace detlogp::fused {
@@ -55,22 +56,8 @@ constexpr int kNR = kKV == 1 ? 4 : 3;
 constexpr int kMI = 4;
 constexpr int kU = 3;
 
-// a * b + c with one rounding.
-HWY_INLINE VF Fma(VF a, VF b, VF c) {
-#if HWY_NATIVE_FMA
-  return hn::MulAdd(a, b, c);
-#else
-  const DF d;
-  HWY_ALIGN float A[kN];
-  HWY_ALIGN float B[kN];
-  HWY_ALIGN float C[kN];
-  hn::Store(a, d, A);
-  hn::Store(b, d, B);
-  hn::Store(c, d, C);
-  for (int64_t i = 0; i < kN; ++i) A[i] = std::fma(A[i], B[i], C[i]);
-  return hn::Load(d, A);
-#endif
-}
+// a * b + c with one rounding (the shard kernels' fma, lanes-inl.h).
+HWY_INLINE VF Fma(VF a, VF b, VF c) { return simd::HWY_NAMESPACE::FusedMulAdd(DF(), a, b, c); }
 
 // One 16-element chunk of MR x NR dot products.
 template <int MR, int NR>
@@ -237,34 +224,25 @@ const DotOps* GetDotOps() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "kernels/cpu/simd/dispatch_table.h"
+
 namespace detlogp::fused {
 
 HWY_EXPORT(GetDotOps);
 
 namespace {
 
-// The targets compiled in and supported by this CPU, best first, read from Highway's dispatch
-// table without touching its global target choice (as the shard kernels do).
+// The targets compiled in and supported by this CPU, best first (as the shard kernels read
+// them).
 std::vector<DotOps> collect_dot_ops() {
   std::vector<DotOps> result;
-  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  for (int64_t rest = targets; rest != 0; rest &= rest - 1) {
-    const int64_t target = rest & -rest;  // lowest bit = best remaining target
-    size_t index = 0;
-#if (HWY_TARGETS & (HWY_TARGETS - 1)) != 0
-    if (target == HWY_EMU128 || target == HWY_SCALAR) {
-      index = HWY_MAX_DYNAMIC_TARGETS + 1;  // the fallback entry
-    } else {
-      index = hwy::Num0BitsBelowLS1Bit_Nonzero64(
-          static_cast<uint64_t>(HWY_CHOSEN_TARGET_SHIFT(target)));
-    }
-#endif
+  simd::for_each_supported_target([&](int64_t target, std::size_t index) {
     const auto fn = HWY_DISPATCH_TABLE(GetDotOps)[index];
-    if (fn == nullptr) continue;
+    if (fn == nullptr) return;
     const DotOps* ops = fn();
-    if (ops->name != std::string("highway:") + hwy::TargetName(target)) continue;
+    if (ops->name != std::string("highway:") + hwy::TargetName(target)) return;
     result.push_back(*ops);
-  }
+  });
   if (result.empty()) result.push_back(reference_dot_ops());
   return result;
 }

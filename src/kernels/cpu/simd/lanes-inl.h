@@ -1,6 +1,7 @@
 // The vector types of the SIMD kernels and their canon building blocks: one canon lane group
-// (32 lanes) in kVecsPerGroup vectors, fma with one rounding, 2^n from bits, and the canon's
-// lane folds.
+// (32 lanes) in kVecsPerGroup vectors, fma with one rounding (also the fused dense kernels'),
+// 2^n from bits, the canon's lane folds, and the run-time to compile-time dtype and flags of
+// the row kernels.
 //
 // Compiled once per SIMD target: simd_targets.cpp re-includes itself for every target through
 // hwy/foreach_target.h, and this file with it (the guard below toggles per target). Never
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "detlogp/dtype.hpp"
 #include "numerics/canon.hpp"
 
 #if defined(DETLOGP_KERNELS_CPU_SIMD_LANES_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -44,22 +46,27 @@ static_assert(kN * kVecsPerGroup == canon::kLanes, "lane count must divide 32");
 // ---------------------------------------------------------------------------------------------
 // Arithmetic building blocks.
 
-// a * b + c with one rounding.
-HWY_INLINE VF Fma(VF a, VF b, VF c) {
+// a * b + c with one rounding, on float vectors of any width: the hardware instruction where
+// Highway's MulAdd is fused (HWY_NATIVE_FMA), std::fma per lane otherwise.
+template <class D>
+HWY_INLINE hn::Vec<D> FusedMulAdd(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c) {
 #if HWY_NATIVE_FMA
+  (void)d;
   return hn::MulAdd(a, b, c);
 #else
-  const DF d;
-  HWY_ALIGN float A[kN];
-  HWY_ALIGN float B[kN];
-  HWY_ALIGN float C[kN];
+  constexpr size_t n = hn::MaxLanes(D());
+  HWY_ALIGN float A[n];
+  HWY_ALIGN float B[n];
+  HWY_ALIGN float C[n];
   hn::Store(a, d, A);
   hn::Store(b, d, B);
   hn::Store(c, d, C);
-  for (size_t i = 0; i < kN; ++i) A[i] = std::fma(A[i], B[i], C[i]);
+  for (size_t i = 0; i < n; ++i) A[i] = std::fma(A[i], B[i], C[i]);
   return hn::Load(d, A);
 #endif
 }
+
+HWY_INLINE VF Fma(VF a, VF b, VF c) { return FusedMulAdd(DF(), a, b, c); }
 
 // 2^n for n in [-126, 127], from bits (canon::pow2i).
 HWY_INLINE VF Pow2i(VI n) {

@@ -56,32 +56,21 @@ const TargetOps* GetTargetOps() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "kernels/cpu/simd/dispatch_table.h"
+
 namespace detlogp::simd {
 
 HWY_EXPORT(GetTargetOps);
 
 std::vector<TargetOps> supported_target_ops() {
-  // Index HWY_EXPORT's table directly, one entry per target, instead of HWY_DYNAMIC_DISPATCH:
-  // this selects a given target without changing Highway's global choice (no mutable state).
   std::vector<TargetOps> result;
-  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  for (int64_t rest = targets; rest != 0; rest &= rest - 1) {
-    const int64_t target = rest & -rest;  // lowest bit = best remaining target
-    size_t index = 0;
-#if (HWY_TARGETS & (HWY_TARGETS - 1)) != 0
-    if (target == HWY_EMU128 || target == HWY_SCALAR) {
-      index = HWY_MAX_DYNAMIC_TARGETS + 1;  // the fallback entry
-    } else {
-      index = hwy::Num0BitsBelowLS1Bit_Nonzero64(
-          static_cast<uint64_t>(HWY_CHOSEN_TARGET_SHIFT(target)));
-    }
-#endif
+  for_each_supported_target([&](int64_t target, std::size_t index) {
     const auto fn = HWY_DISPATCH_TABLE(GetTargetOps)[index];
-    if (fn == nullptr) continue;
+    if (fn == nullptr) return;
     const TargetOps* ops = fn();
-    if (ops->target != target) continue;  // not this target's code: never hand it out
+    if (ops->target != target) return;  // not this target's code: never hand it out
     result.push_back(*ops);
-  }
+  });
   return result;
 }
 
