@@ -386,6 +386,62 @@ TEST(FusedLinearLogprob, RejectsBadInputsWithTheField) {
   EXPECT_THROW(FusedLinearLogprob("no-such-kernel"), ContractError);
 }
 
+// The checks are the logits operator's (op/call_checks.hpp): each error says its code and field.
+TEST(FusedLinearLogprob, ErrorsCarryTheirCodeAndField) {
+  const Layout layout = padded_layout(kReal, 1, kW);
+  const Problem p = make_problem(DType::fp32, kRows, layout.padded, 91);
+  const FusedLinearLogprob op;
+  auto expect_error = [](const auto& call, ErrorCode code, const std::string& field) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const ContractError& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_EQ(e.field(), field) << e.what();
+    }
+  };
+  run_ranks(1, [&](Communicator& comm) {
+    const LogprobContract c = make_contract(layout, 0, kRows, contract_options());
+    const FullLogits narrow = make_matrix(DType::fp32, layout.padded, kH - 1, 1, 1.0f);
+    expect_error([&] { op.forward(whole(p.hidden), whole(narrow), p.targets, c, comm); },
+                 ErrorCode::wrong_shape, "weight_shard");
+    expect_error(
+        [&] { op.forward(whole(p.hidden), row_range(p.weight, 0, kW), p.targets, c, comm); },
+        ErrorCode::wrong_shape, "weight_shard");
+    const FullLogits bf = make_matrix(DType::bf16, kRows, kH, 1, 1.0f);
+    expect_error([&] { op.forward(whole(bf), whole(p.weight), p.targets, c, comm); },
+                 ErrorCode::wrong_dtype, "hidden");
+    std::vector<int64_t> bad = p.targets;
+    bad[1] = kReal;
+    expect_error([&] { op.forward(whole(p.hidden), whole(p.weight), bad, c, comm); },
+                 ErrorCode::token_out_of_vocab, "target_ids");
+    expect_error(
+        [&] { op.forward(whole(p.hidden), whole(p.weight), p.targets, c, comm, {.row_block = 0}); },
+        ErrorCode::out_of_range, "row_block");
+    const auto res = op.forward(whole(p.hidden), whole(p.weight), p.targets, c, comm);
+    expect_error([&] { op.backward(res, {.grad_lse = std::vector<float>(1)}, {}, {}, comm); },
+                 ErrorCode::wrong_shape, "grad_lse");
+  });
+}
+
+// An op over FusedKernels given directly is the op of that kernel's name.
+TEST(FusedLinearLogprob, TakesAnyFusedKernels) {
+  const Layout layout = padded_layout(kReal, 1, kW);
+  const Problem p = make_problem(DType::fp32, kRows, layout.padded, 95);
+  for (const std::string& k : fused_kernel_names()) {
+    const FusedLinearLogprob by_name(k);
+    const FusedLinearLogprob over(fused_kernels_for(k), "cpu-fused-linear-logp");
+    EXPECT_EQ(over.kernel_name(), k);
+    run_ranks(1, [&](Communicator& comm) {
+      const LogprobContract c = make_contract(layout, 0, kRows, contract_options());
+      const auto a = by_name.forward(whole(p.hidden), whole(p.weight), p.targets, c, comm);
+      const auto b = over.forward(whole(p.hidden), whole(p.weight), p.targets, c, comm);
+      EXPECT_EQ(bits(a.logp), bits(b.logp)) << k;
+      EXPECT_EQ(bits(a.lse), bits(b.lse)) << k;
+    });
+  }
+}
+
 // A rank whose inputs fail fails every rank (through the preflight), never a hang.
 TEST(FusedLinearLogprob, ALocalFailureFailsEveryRank) {
   const Layout layout = padded_layout(kReal, 2, kW);

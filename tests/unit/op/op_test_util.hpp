@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "detlogp/comm.hpp"
@@ -169,6 +172,33 @@ inline TpRun run_tp(const LogprobOp& op, const FullLogits& logits, const Layout&
     run.ranks[static_cast<std::size_t>(r)].result = std::move(res);
   });
   return run;
+}
+
+// Each rank's exception message ("" if none) when body(comm) runs on `ranks` in-process ranks
+// (30 s collective timeout); `finished` is false when they were not all done within 60 s.
+struct RankErrors {
+  std::vector<std::string> errors;
+  bool finished = false;
+};
+inline RankErrors rank_errors(int ranks, const std::function<void(Communicator&)>& body) {
+  RankErrors out{std::vector<std::string>(static_cast<std::size_t>(ranks)), false};
+  auto fut = std::async(std::launch::async, [&] {
+    InProcessGroup group(ranks, {.collective_timeout = std::chrono::seconds(30)});
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          body(group.comm(r));
+        } catch (const std::exception& e) {
+          out.errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  });
+  out.finished = fut.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  fut.wait();
+  return out;
 }
 
 inline std::vector<uint32_t> bits(const std::vector<float>& v) {

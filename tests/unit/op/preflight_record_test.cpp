@@ -25,23 +25,9 @@ std::vector<int64_t> targets() { return {3, 17, 990, 512, 0, 700}; }
 
 // Runs `body` on two in-process ranks; returns each rank's exception message ("" if none).
 std::vector<std::string> messages(const std::function<void(Communicator&)>& body) {
-  std::vector<std::string> errors(2);
-  auto fut = std::async(std::launch::async, [&] {
-    InProcessGroup group(2, {.collective_timeout = std::chrono::seconds(30)});
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          body(group.comm(r));
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  });
-  EXPECT_EQ(fut.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "hang";
-  return errors;
+  const RankErrors run = rank_errors(2, body);
+  EXPECT_TRUE(run.finished) << "hang";
+  return run.errors;
 }
 
 // A forward whose contract options, row count, targets and rows layout may differ per rank.

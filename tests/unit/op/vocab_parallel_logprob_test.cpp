@@ -305,22 +305,9 @@ TEST(VocabParallelLogprob, ValidationErrorCodes) {
 
 // Every rank throws "cross-rank preflight failed" (or its own local error) and nobody hangs.
 void expect_all_ranks_fail(int tp, const std::function<void(Communicator&)>& body) {
-  std::vector<std::string> errors(static_cast<std::size_t>(tp));
-  auto fut = std::async(std::launch::async, [&] {
-    InProcessGroup group(tp, {.collective_timeout = std::chrono::seconds(30)});
-    std::vector<std::thread> threads;
-    for (int r = 0; r < tp; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          body(group.comm(r));
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  });
-  ASSERT_EQ(fut.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "hang";
+  const RankErrors run = rank_errors(tp, body);
+  ASSERT_TRUE(run.finished) << "hang";
+  const std::vector<std::string>& errors = run.errors;
   int preflight = 0;
   for (const auto& e : errors) {
     EXPECT_FALSE(e.empty()) << "a rank did not throw";
