@@ -37,11 +37,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET != HWY_SCALAR
 
-struct RowGrad {
+struct RowGrad : canon::GradCoefficients {  // has_logp, g_logp, ... of the row
   float lse, entropy, tau;
   bool finite_lse;
-  bool has_logp, has_lse, has_entropy;
-  float g_logp, g_lse, g_entropy;
   int64_t target;  // local column, or -1
   // The fast path of GradVec (see there).
   bool fast;          // lse finite and at least one gradient supplied
@@ -57,12 +55,7 @@ RowGrad MakeRowGrad(const BackwardJob& job, int64_t row) {
   rg.entropy = job.entropy != nullptr ? job.entropy[row] : 0.0f;
   rg.tau = job.temperature;
   rg.finite_lse = rg.lse - rg.lse == 0.0f;
-  rg.has_logp = job.grad_logp != nullptr;
-  rg.has_lse = job.grad_lse != nullptr;
-  rg.has_entropy = job.grad_entropy != nullptr;
-  rg.g_logp = rg.has_logp ? job.grad_logp[row] : 0.0f;
-  rg.g_lse = rg.has_lse ? job.grad_lse[row] : 0.0f;
-  rg.g_entropy = rg.has_entropy ? job.grad_entropy[row] : 0.0f;
+  static_cast<canon::GradCoefficients&>(rg) = job.coefficients(row);
   rg.target = job.target_local[row];
   rg.fast = rg.finite_lse && (rg.has_logp || rg.has_lse || rg.has_entropy);
   rg.neg_g_logp = rg.has_logp ? -rg.g_logp : -0.0f;

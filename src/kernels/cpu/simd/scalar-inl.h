@@ -81,13 +81,7 @@ void BackwardRows(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   const int64_t real_end =
       std::clamp<int64_t>(job.geometry.real_vocab - job.vocab_start, 0, job.cols);
   for (int64_t row = row_begin; row < row_end; ++row) {
-    canon::GradCoefficients g;
-    g.has_logp = job.grad_logp != nullptr;
-    g.has_lse = job.grad_lse != nullptr;
-    g.has_entropy = job.grad_entropy != nullptr;
-    g.g_logp = g.has_logp ? job.grad_logp[row] : 0.0f;
-    g.g_lse = g.has_lse ? job.grad_lse[row] : 0.0f;
-    g.g_entropy = g.has_entropy ? job.grad_entropy[row] : 0.0f;
+    const canon::GradCoefficients g = job.coefficients(row);
     const float lse = job.lse[row];
     const float entropy = job.entropy != nullptr ? job.entropy[row] : 0.0f;
     for (int64_t c = 0; c < job.cols; ++c) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "detlogp/kernels.hpp"
+#include "numerics/canon.hpp"
 
 namespace detlogp::simd {
 
@@ -42,6 +43,18 @@ struct BackwardJob : ShardJob {
   void* grad = nullptr;  // same dtype as data
   int64_t grad_row_stride = 0;
   bool stream_stores = false;  // non-temporal stores for the gradient (large outputs)
+
+  // Row `row`'s gradient coefficients (a gradient not supplied is absent, not zero).
+  canon::GradCoefficients coefficients(int64_t row) const {
+    canon::GradCoefficients g{};
+    g.has_logp = grad_logp != nullptr;
+    g.has_lse = grad_lse != nullptr;
+    g.has_entropy = grad_entropy != nullptr;
+    g.g_logp = g.has_logp ? grad_logp[row] : 0.0f;
+    g.g_lse = g.has_lse ? grad_lse[row] : 0.0f;
+    g.g_entropy = g.has_entropy ? grad_entropy[row] : 0.0f;
+    return g;
+  }
 };
 
 using NodePartialsRowsFn = void (*)(const NodePartialsJob& job, int64_t row_begin, int64_t row_end);
