@@ -18,6 +18,7 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/fused.hpp"
+#include "detlogp/fused_dispatch.hpp"
 #include "fma_peak.hpp"
 #include "numerics/canon.hpp"
 
@@ -139,7 +140,9 @@ int main(int argc, char** argv) {
                                  .vocab_shard_bounds = layout.vocab_shard_bounds,
                                  .real_vocab_size = a.vocab,
                                  .padded_vocab_size = padded})});
-  const FusedLinearLogprob op;
+  // Through the registry, as the command line and Python obtain it: the production backend.
+  const FusedDispatchResult dispatched = get_fused_linear_logprob_op(c);
+  const FusedLinearLogprob& op = *dispatched.op;
   SelfComm self;
   std::vector<float> g_logp(static_cast<std::size_t>(a.tokens), 1.0f);
   std::vector<uint8_t> gh(hidden.size()), gw(weight.size());

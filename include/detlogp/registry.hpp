@@ -1,5 +1,7 @@
 #pragma once
-// Contract-aware dispatch (docs/dispatch.md).
+// Contract-aware dispatch (docs/dispatch.md), one registry for every op kind: the logits
+// operator (OpKind::logits, a LogprobOp over logits) and the fused lm_head
+// (OpKind::fused_linear, a FusedLinearLogprob over hidden states and a weight shard).
 //
 // A caller states what it needs (a LogprobContract) and gets a backend whose declared
 // capability fits it, or a std::runtime_error listing why every candidate was rejected; never a
@@ -14,6 +16,7 @@
 // determinism is requested with ReductionSpec::determinism_scope.
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,6 +27,7 @@
 
 #include "detlogp/capability.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/fused.hpp"
 #include "detlogp/operator.hpp"
 
 namespace detlogp {
@@ -32,19 +36,38 @@ namespace detlogp {
 // backend (detlogp::register_cuda_backend, docs/cuda.md); the CLI and Python do.
 inline constexpr std::array<std::string_view, 2> kPlatforms = {"cpu", "cuda"};
 
+// What a backend computes from: each kind has its own candidate lists, capabilities and op type;
+// registry names are unique across kinds.
+enum class OpKind : std::uint8_t {
+  logits,        // LogprobOp: the vocab-parallel logprob of a logits shard
+  fused_linear,  // FusedLinearLogprob: the same logprob from hidden states and a weight shard
+};
+inline constexpr std::array<OpKind, 2> kOpKinds = {OpKind::logits, OpKind::fused_linear};
+
+// "logits" or "fused_linear" (the provenance's op_kind).
+constexpr std::string_view to_string(OpKind kind) {
+  return kind == OpKind::logits ? "logits" : "fused_linear";
+}
+// The inverse; ContractError(invalid_enum, "op_kind") for another name.
+OpKind parse_op_kind(std::string_view name);
+
 // A backend as the registry knows it: a stable enum-style name (e.g.
-// "CPU_CANONICAL_VOCAB_PARALLEL_LOGP") and a factory. The factory may throw: the backend then
-// counts as failed to load, is never retried in this registry, and dispatch moves on.
-// The factory runs outside the registry's lock, once per backend: it may call the registry
+// "CPU_CANONICAL_VOCAB_PARALLEL_LOGP") and a factory of its op. The factory may throw: the
+// backend then counts as failed to load, is never retried in this registry, and dispatch moves
+// on. The factory runs outside the registry's lock, once per backend: it may call the registry
 // (register, introspect, even dispatch); a thread that needs the same backend meanwhile waits
 // for it, and a dispatch from inside the factory skips the backend being built.
-struct Backend {
+template <class Op>
+struct BasicBackend {
   std::string name;
-  std::function<std::shared_ptr<LogprobOp>()> create;
+  std::function<std::shared_ptr<Op>()> create;
   // What the operator behind the factory can serve, when the library knows it (its own CPU
-  // operators: cpu_backend). Registration refuses a capability that claims more.
+  // operators: cpu_backend, cpu_fused_backend). Registration refuses a capability that claims
+  // more.
   std::optional<BackendCapability> provides = std::nullopt;
 };
+using Backend = BasicBackend<LogprobOp>;                      // OpKind::logits
+using FusedBackend = BasicBackend<const FusedLinearLogprob>;  // OpKind::fused_linear
 
 // detlogp's CPU operators, by the kernels they run: "canonical" (VocabParallelLogprob over the
 // SIMD kernels), "reference" (over the scalar reference kernels; the same bits) or
@@ -58,8 +81,10 @@ Backend cpu_backend(std::string name, std::string backend_id, std::string_view k
 BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,
                                          ImplementationKind kind);
 
-struct DispatchResult {
-  std::shared_ptr<LogprobOp> op;
+// What dispatch hands out: the op and why it was chosen.
+template <class Op>
+struct BasicDispatchResult {
+  std::shared_ptr<Op> op;
   BackendCapability capability;
   std::string requested_backend;  // the stripped request, as given ("auto", "REFERENCE", an id)
   std::string actual_backend;     // capability.backend_id()
@@ -67,9 +92,11 @@ struct DispatchResult {
   std::string platform;
   bool fallback = false;  // an earlier policy-eligible candidate was skipped
   std::vector<std::string> prior_rejections;
-  std::string provenance_json;  // all of the above + contract, capability, numerics version,
-                                // kernel (SIMD target) actually used
+  std::string provenance_json;  // all of the above + op kind, contract, capability, numerics
+                                // version, kernel (SIMD target) actually used
 };
+using DispatchResult = BasicDispatchResult<LogprobOp>;
+using FusedDispatchResult = BasicDispatchResult<const FusedLinearLogprob>;
 
 class Registry {
  public:
@@ -89,6 +116,11 @@ class Registry {
   DispatchResult get_logprob_op(const LogprobContract& contract,
                                 std::string_view requested_backend = "auto",
                                 std::string_view platform = "cpu");
+  // The same for the fused lm_head: same policies, rejections, fallback and provenance, over
+  // the fused candidate list.
+  FusedDispatchResult get_fused_linear_logprob_op(const LogprobContract& contract,
+                                                  std::string_view requested_backend = "auto",
+                                                  std::string_view platform = "cpu");
 
   // Declares (or replaces) `backend`'s capability on `platform` and adds it to that platform's
   // contract candidate list (at the front with prepend) unless already there: re-registering
@@ -100,6 +132,11 @@ class Registry {
   void register_logprob_backend(const Backend& backend,
                                 const std::optional<BackendCapability>& capability,
                                 std::string_view platform = "cpu", bool prepend = false);
+  // The same for a fused lm_head backend (its own candidate list). A name already registered
+  // for the other op kind throws ContractError(duplicate, "backend").
+  void register_fused_backend(const FusedBackend& backend,
+                              const std::optional<BackendCapability>& capability,
+                              std::string_view platform = "cpu", bool prepend = false);
 
   // Adds a backend to a contract candidate list WITHOUT a capability (dispatch then records
   // "no LogprobBackendCapability declared" for it), for contract lists that start as a copy
@@ -113,18 +150,30 @@ class Registry {
   std::shared_ptr<LogprobOp> get_op(std::string_view op_type, std::string_view platform = "cpu");
 
   // Introspection (copies, for tests and tools).
-  std::vector<std::string> contract_candidates(std::string_view platform) const;
+  std::vector<std::string> contract_candidates(std::string_view platform,
+                                               OpKind kind = OpKind::logits) const;
   std::vector<std::string> legacy_priority(std::string_view op_type,
                                            std::string_view platform) const;
   std::optional<BackendCapability> capability(std::string_view platform,
                                               std::string_view backend_name) const;
   bool failed_to_load(std::string_view backend_name) const;
 
-  struct State;  // internal
+  // Internal: the registry's state, a registered backend of either kind, and its built op.
+  struct State;
+  struct Entry;
+  struct Instance;
 
  private:
   // The backend's instance: cached, built once (outside the lock), a failure never retried.
-  std::shared_ptr<LogprobOp> instance(const std::string& name);
+  Instance instance(const std::string& name);
+  // Contract dispatch over `kind`'s candidates, the one implementation behind
+  // get_logprob_op and get_fused_linear_logprob_op.
+  template <class Op>
+  BasicDispatchResult<Op> dispatch(OpKind kind, const LogprobContract& contract,
+                                   std::string_view requested_backend, std::string_view platform);
+  void register_backend(OpKind kind, const Entry& entry,
+                        const std::optional<BackendCapability>& capability,
+                        std::string_view platform, bool prepend);
 
   std::unique_ptr<State> state_;
   mutable std::mutex mutex_;

@@ -20,10 +20,13 @@ from . import _detlogp
 from ._contract import LogprobBackendCapability, LogprobContract
 from ._detlogp import LogprobContractError
 
-__all__ = ["Backend", "Registry", "register_logprob_backend", "get_op", "PLATFORMS"]
+__all__ = ["Backend", "Registry", "register_logprob_backend", "get_op", "PLATFORMS", "OP_KINDS"]
 
 #: Platforms the registry keeps candidate lists for.
 PLATFORMS = tuple(_detlogp.REGISTRY_PLATFORMS)
+#: Op kinds the registry keeps candidate lists for: "logits" (the logits operator) and
+#: "fused_linear" (the fused lm_head).
+OP_KINDS = tuple(_detlogp.REGISTRY_OP_KINDS)
 
 
 def _current_platform():
@@ -195,8 +198,13 @@ class Registry:
 
     # --- introspection --------------------------------------------------------------------
 
-    def contract_candidates(self, platform="cpu"):
-        return list(self._cpp.contract_candidates(_platform(platform)))
+    def contract_candidates(self, platform="cpu", op_kind="logits"):
+        """The candidate list of ``op_kind`` (one of ``OP_KINDS``: "logits", the
+        logits operator; "fused_linear", the fused lm_head) on ``platform``, in dispatch
+        order."""
+        if not isinstance(op_kind, str):
+            raise LogprobContractError(f"op_kind must be a string; got {op_kind!r}")
+        return list(self._cpp.contract_candidates(_platform(platform), op_kind))
 
     def legacy_priority(self, op_type, platform="cpu"):
         return list(self._cpp.legacy_priority(op_type, _platform(platform)))

@@ -182,7 +182,12 @@ void bind_registry(py::module_& m) {
       .def("get_op", &Registry::get_op, py::arg("op_type"), py::arg("platform"), nogil())
       .def("get_logprob_op", &Registry::get_logprob_op, py::arg("contract"),
            py::arg("requested_backend"), py::arg("platform"), nogil())
-      .def("contract_candidates", &Registry::contract_candidates, py::arg("platform"), nogil())
+      .def(
+          "contract_candidates",
+          [](const Registry& r, const std::string& platform, const std::string& op_kind) {
+            return r.contract_candidates(platform, detlogp::parse_op_kind(op_kind));
+          },
+          py::arg("platform"), py::arg("op_kind"), nogil())
       .def("legacy_priority", &Registry::legacy_priority, py::arg("op_type"), py::arg("platform"),
            nogil())
       .def("capability", &Registry::capability, py::arg("platform"), py::arg("backend_name"),
@@ -200,6 +205,9 @@ void bind_registry(py::module_& m) {
   py::list platforms;
   for (std::string_view p : detlogp::kPlatforms) platforms.append(std::string(p));
   m.attr("REGISTRY_PLATFORMS") = py::tuple(platforms);
+  py::list kinds;
+  for (detlogp::OpKind k : detlogp::kOpKinds) kinds.append(std::string(detlogp::to_string(k)));
+  m.attr("REGISTRY_OP_KINDS") = py::tuple(kinds);
 }
 
 }  // namespace detlogp_python

@@ -1,8 +1,11 @@
-// detlogp's built-in backends and the order they are tried in (docs/dispatch.md):
-// on cpu the contract candidate list starts as a copy of the legacy batch_invariant_logp list
-// (the single-shard op, whose truthful capability rejects every vocab-parallel contract), then the
-// scalar canonical reference is prepended, then the canonical SIMD backend: production first.
+// detlogp's built-in backends and the order they are tried in (docs/dispatch.md), on cpu:
+// - logits: the contract candidate list starts as a copy of the legacy batch_invariant_logp list
+//   (the single-shard op, whose truthful capability rejects every vocab-parallel contract), then
+//   the scalar canonical reference is prepended, then the canonical SIMD backend;
+// - fused_linear: the fused op on the best SIMD kernels, then on the scalar reference kernels.
+// Production first.
 
+#include "detlogp/fused_dispatch.hpp"
 #include "detlogp/registry.hpp"
 
 #include <fmt/format.h>
@@ -106,6 +109,15 @@ std::unique_ptr<Registry> Registry::with_builtin_backends() {
       canonical,
       cpu_kernels_capability("canonical", kCpuCanonicalBackendId, ImplementationKind::production),
       "cpu", /*prepend=*/true);
+  // The fused lm_head: production (best SIMD target) first, then the scalar reference.
+  r->register_fused_backend(
+      cpu_fused_backend("CPU_FUSED_LINEAR_LOGP", std::string(kCpuFusedBackendId), ""),
+      fused_linear_logprob_capability(ImplementationKind::production, kCpuFusedBackendId), "cpu");
+  r->register_fused_backend(
+      cpu_fused_backend("CPU_FUSED_LINEAR_REFERENCE_LOGP", std::string(kCpuFusedReferenceBackendId),
+                        "scalar-reference"),
+      fused_linear_logprob_capability(ImplementationKind::reference, kCpuFusedReferenceBackendId),
+      "cpu");
   return r;
 }
 

@@ -1,50 +1,44 @@
-// Contract dispatch of the fused lm_head (detlogp/fused_dispatch.hpp). Stateless: the op is
-// immutable and cheap to build, so there is nothing to register or cache.
+// The fused lm_head's built-in CPU backends and the short call by kernel
+// (detlogp/fused_dispatch.hpp); dispatch itself is the registry's (registry.cpp).
 #include "detlogp/fused_dispatch.hpp"
 
-#include <fmt/format.h>
-
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <stdexcept>
-
-#include "detlogp/version.hpp"
+#include <utility>
 
 namespace detlogp {
 
-BackendCapability fused_linear_logprob_capability(ImplementationKind kind) {
-  return BackendCapability(
-      {.backend_id = std::string(kCpuFusedBackendId),
-       .roles = {Role::train, Role::infer},
-       .dtypes = {DType::bf16, DType::fp16, DType::fp32},
-       .supports_vocab_padding = true,
-       .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
-       .exports_vocab_lse = true,
-       .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
-       .implementation_kind = kind,
-       .supports_temperature = true});
+BackendCapability fused_linear_logprob_capability(ImplementationKind kind,
+                                                  std::string_view backend_id) {
+  // The fused op computes exactly the canonical logits op's outputs (docs/fused.md).
+  return cpu_kernels_capability("canonical", backend_id, kind);
+}
+
+FusedBackend cpu_fused_backend(std::string name, std::string backend_id, std::string kernel) {
+  return FusedBackend{
+      std::move(name),
+      [kernel = std::move(kernel), backend_id] {
+        return std::make_shared<const FusedLinearLogprob>(kernel, backend_id);
+      },
+      fused_linear_logprob_capability(ImplementationKind::production, "cpu-fused-kernels")};
 }
 
 FusedDispatchResult get_fused_linear_logprob_op(const LogprobContract& contract,
                                                 std::string_view kernel) {
-  auto op = std::make_shared<const FusedLinearLogprob>(kernel, std::string(kCpuFusedBackendId));
-  const bool reference = op->kernel_name() == "scalar-reference";
-  BackendCapability cap = fused_linear_logprob_capability(
-      reference ? ImplementationKind::reference : ImplementationKind::production);
-  const std::vector<std::string> why = cap.incompatibilities(contract);
-  if (!why.empty()) {
-    std::string all;
-    for (const std::string& w : why) all += (all.empty() ? "" : "; ") + w;
-    throw std::runtime_error(
-        fmt::format("{}: the contract does not fit {}: {}", kFusedOpKind, kCpuFusedBackendId, all));
+  Registry& registry = Registry::global();
+  if (kernel.empty()) return registry.get_fused_linear_logprob_op(contract);
+  // Built first: an unknown kernel is a ContractError whatever the contract.
+  auto pinned = std::make_shared<const FusedLinearLogprob>(kernel, std::string(kCpuFusedBackendId));
+  if (pinned->kernel_name() == "scalar-reference") {
+    return registry.get_fused_linear_logprob_op(contract, kCpuFusedReferenceBackendId);
   }
-  nlohmann::json p;
-  p["op_kind"] = kFusedOpKind;
-  p["actual_backend"] = kCpuFusedBackendId;
-  p["kernel"] = op->kernel_name();
-  p["numerics_version"] = kNumericsVersion;
-  p["capability"] = nlohmann::json::parse(cap.to_json());
-  p["contract"] = nlohmann::json::parse(contract.to_json());
-  return FusedDispatchResult{std::move(op), std::move(cap), p.dump()};
+  // A SIMD target: the production backend's check and provenance, the op on that target.
+  FusedDispatchResult d = registry.get_fused_linear_logprob_op(contract, kCpuFusedBackendId);
+  nlohmann::json provenance = nlohmann::json::parse(d.provenance_json);
+  provenance["kernel"] = pinned->kernel_name();
+  d.provenance_json = provenance.dump();
+  d.op = std::move(pinned);
+  return d;
 }
 
 }  // namespace detlogp

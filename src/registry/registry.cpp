@@ -1,15 +1,17 @@
-// Contract-aware dispatch: candidate lists, capabilities per platform, the shared instance
-// cache and load-failure blacklist, and provenance.
+// Contract-aware dispatch for every op kind: candidate lists and capabilities per (kind,
+// platform), the shared instance cache and load-failure blacklist, and provenance.
 
 #include "detlogp/registry.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <condition_variable>
 #include <map>
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -20,16 +22,47 @@
 
 namespace detlogp {
 
+// A built backend's op: exactly one pointer is set, the one of its entry's kind.
+struct Registry::Instance {
+  std::shared_ptr<LogprobOp> logits;
+  std::shared_ptr<const FusedLinearLogprob> fused;
+
+  explicit operator bool() const { return logits || fused; }
+  // The pointer of op type `Op` (LogprobOp or const FusedLinearLogprob).
+  template <class Op>
+  std::shared_ptr<Op>& as() {
+    if constexpr (std::is_same_v<Op, LogprobOp>) {
+      return logits;
+    } else {
+      return fused;
+    }
+  }
+};
+
+// A registered backend of either kind; its factory returns an Instance.
+struct Registry::Entry {
+  OpKind kind;
+  std::function<Instance()> create;
+  std::optional<BackendCapability> provides;
+  std::string name;
+};
+
 struct Registry::State {
-  std::map<std::string, Backend, std::less<>> catalogue;                    // name -> backend
-  std::map<std::string, std::vector<std::string>, std::less<>> candidates;  // platform -> names
-  // platform -> name -> capability (shared, so that dispatch copies a pointer, not the sets)
-  std::map<std::string,
-           std::map<std::string, std::shared_ptr<const BackendCapability>, std::less<>>,
-           std::less<>>
-      caps;
+  // One op kind's contract dispatch: platform -> candidate names, and platform -> name ->
+  // capability (shared, so that dispatch copies a pointer, not the sets).
+  struct Kind {
+    std::map<std::string, std::vector<std::string>, std::less<>> candidates;
+    std::map<std::string,
+             std::map<std::string, std::shared_ptr<const BackendCapability>, std::less<>>,
+             std::less<>>
+        caps;
+  };
+  Kind& of(OpKind kind) { return kinds[static_cast<std::size_t>(kind)]; }
+
+  std::map<std::string, Entry, std::less<>> catalogue;  // name -> backend, names unique
+  std::array<Kind, kOpKinds.size()> kinds;
   std::map<std::pair<std::string, std::string>, std::vector<std::string>> legacy;
-  std::map<std::string, std::shared_ptr<LogprobOp>, std::less<>> cache;
+  std::map<std::string, Instance, std::less<>> cache;
   std::set<std::string, std::less<>> failed;
   // Backends whose factory is running (outside the lock), and the thread running it; `built`
   // wakes the threads waiting for one of them.
@@ -60,7 +93,8 @@ std::string check_platform(std::string_view platform) {
                                   fmt::join(kPlatforms, ", ")));
 }
 
-void check_backend(const Backend& b) {
+template <class Op>
+void check_backend(const BasicBackend<Op>& b) {
   if (strip(b.name).empty() || !b.create) {
     throw ContractError(ErrorCode::empty, "backend",
                         "backend must be a Backend with a non-empty name and a factory");
@@ -76,10 +110,41 @@ void add_unique(std::vector<std::string>& list, const std::string& name, bool pr
   }
 }
 
+// The catalogue entry of a backend of either kind: the factory's op wrapped in an Instance.
+template <class Op>
+Registry::Entry entry_of(const BasicBackend<Op>& b) {
+  check_backend(b);
+  return Registry::Entry{
+      .kind = std::is_same_v<Op, LogprobOp> ? OpKind::logits : OpKind::fused_linear,
+      .create =
+          [create = b.create] {
+            Registry::Instance i;
+            i.as<Op>() = create();
+            return i;
+          },
+      .provides = b.provides,
+      .name = b.name};
+}
+
+// Adds or replaces a catalogue entry; a name belongs to one op kind for the registry's life.
+void put_entry(std::map<std::string, Registry::Entry, std::less<>>& catalogue,
+               const Registry::Entry& entry) {
+  if (auto it = catalogue.find(entry.name);
+      it != catalogue.end() && it->second.kind != entry.kind) {
+    throw ContractError(ErrorCode::duplicate, "backend",
+                        fmt::format("backend name {} is already registered as a {} backend; "
+                                    "register the {} backend under another name",
+                                    entry.name, to_string(it->second.kind), to_string(entry.kind)));
+  }
+  catalogue.insert_or_assign(entry.name, entry);
+}
+
 }  // namespace
 
 Registry::Registry() : state_(std::make_unique<State>()) {
-  for (std::string_view p : kPlatforms) state_->candidates[std::string(p)];
+  for (OpKind k : kOpKinds) {
+    for (std::string_view p : kPlatforms) state_->of(k).candidates[std::string(p)];
+  }
 }
 
 Registry::~Registry() = default;
@@ -89,30 +154,30 @@ Registry::~Registry() = default;
 // the name is in `building`, so a second thread asking for the same backend waits for that
 // one result instead of building another, and a dispatch from inside the factory itself skips
 // the backend (nullptr, nothing recorded) instead of waiting for itself.
-std::shared_ptr<LogprobOp> Registry::instance(const std::string& name) {
+Registry::Instance Registry::instance(const std::string& name) {
   State& s = *state_;
   std::unique_lock lock(mutex_);
   for (;;) {
     if (auto it = s.cache.find(name); it != s.cache.end()) return it->second;
-    if (s.failed.count(name)) return nullptr;
+    if (s.failed.count(name)) return {};
     auto b = s.building.find(name);
     if (b == s.building.end()) break;
-    if (b->second == std::this_thread::get_id()) return nullptr;
+    if (b->second == std::this_thread::get_id()) return {};
     s.built.wait(lock);
   }
   auto it = s.catalogue.find(name);
   if (it == s.catalogue.end()) {
     s.failed.insert(name);
-    return nullptr;
+    return {};
   }
-  const std::function<std::shared_ptr<LogprobOp>()> create = it->second.create;
+  const std::function<Instance()> create = it->second.create;
   s.building.emplace(name, std::this_thread::get_id());
   lock.unlock();
-  std::shared_ptr<LogprobOp> op;
+  Instance op;
   try {
     op = create();
   } catch (const std::exception&) {
-    op = nullptr;
+    op = {};
   } catch (...) {  // not a load failure: leave the backend unbuilt and let the caller see it
     lock.lock();
     s.building.erase(name);
@@ -124,51 +189,63 @@ std::shared_ptr<LogprobOp> Registry::instance(const std::string& name) {
   s.built.notify_all();
   if (!op) {
     s.failed.insert(name);
-    return nullptr;
+    return {};
   }
   s.cache.emplace(name, op);
   return op;
 }
 
-void Registry::register_logprob_backend(const Backend& backend,
-                                        const std::optional<BackendCapability>& capability,
-                                        std::string_view platform, bool prepend) {
-  check_backend(backend);
+void Registry::register_backend(OpKind kind, const Entry& entry,
+                                const std::optional<BackendCapability>& capability,
+                                std::string_view platform, bool prepend) {
   if (!capability) {
     throw ContractError(
         ErrorCode::empty, "capability",
-        "capability must be a BackendCapability (got none) for backend " + backend.name);
+        "capability must be a BackendCapability (got none) for backend " + entry.name);
   }
   const std::string p = check_platform(platform);
-  if (backend.provides) check_within_provided(backend.name, *capability, *backend.provides);
+  if (entry.provides) check_within_provided(entry.name, *capability, *entry.provides);
   auto cap = std::make_shared<const BackendCapability>(*capability);
   std::lock_guard lock(mutex_);
-  state_->catalogue.insert_or_assign(backend.name, backend);
-  state_->caps[p].insert_or_assign(backend.name, std::move(cap));
-  add_unique(state_->candidates[p], backend.name, prepend);
+  put_entry(state_->catalogue, entry);
+  State::Kind& k = state_->of(kind);
+  k.caps[p].insert_or_assign(entry.name, std::move(cap));
+  add_unique(k.candidates[p], entry.name, prepend);
+}
+
+void Registry::register_logprob_backend(const Backend& backend,
+                                        const std::optional<BackendCapability>& capability,
+                                        std::string_view platform, bool prepend) {
+  register_backend(OpKind::logits, entry_of(backend), capability, platform, prepend);
+}
+
+void Registry::register_fused_backend(const FusedBackend& backend,
+                                      const std::optional<BackendCapability>& capability,
+                                      std::string_view platform, bool prepend) {
+  register_backend(OpKind::fused_linear, entry_of(backend), capability, platform, prepend);
 }
 
 void Registry::add_contract_candidate(const Backend& backend, std::string_view platform) {
-  check_backend(backend);
+  const Entry entry = entry_of(backend);
   const std::string p = check_platform(platform);
   std::lock_guard lock(mutex_);
-  state_->catalogue.insert_or_assign(backend.name, backend);
-  add_unique(state_->candidates[p], backend.name, false);
+  put_entry(state_->catalogue, entry);
+  add_unique(state_->of(OpKind::logits).candidates[p], backend.name, false);
 }
 
 void Registry::register_legacy_backend(std::string_view op_type, const Backend& backend,
                                        std::string_view platform, bool prepend) {
-  check_backend(backend);
+  const Entry entry = entry_of(backend);
   const std::string p = check_platform(platform);
   std::lock_guard lock(mutex_);
-  state_->catalogue.insert_or_assign(backend.name, backend);
+  put_entry(state_->catalogue, entry);
   add_unique(state_->legacy[{std::string(op_type), p}], backend.name, prepend);
 }
 
 std::shared_ptr<LogprobOp> Registry::get_op(std::string_view op_type, std::string_view platform) {
   const std::string p = check_platform(platform);
   for (const std::string& name : legacy_priority(op_type, p)) {
-    if (auto op = instance(name)) return op;
+    if (auto op = instance(name).logits) return op;
   }
   throw std::runtime_error(fmt::format("No functional backend found for {} on {}", op_type, p));
 }
@@ -176,6 +253,20 @@ std::shared_ptr<LogprobOp> Registry::get_op(std::string_view op_type, std::strin
 DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
                                         std::string_view requested_backend,
                                         std::string_view platform) {
+  return dispatch<LogprobOp>(OpKind::logits, contract, requested_backend, platform);
+}
+
+FusedDispatchResult Registry::get_fused_linear_logprob_op(const LogprobContract& contract,
+                                                          std::string_view requested_backend,
+                                                          std::string_view platform) {
+  return dispatch<const FusedLinearLogprob>(OpKind::fused_linear, contract, requested_backend,
+                                            platform);
+}
+
+template <class Op>
+BasicDispatchResult<Op> Registry::dispatch(OpKind kind, const LogprobContract& contract,
+                                           std::string_view requested_backend,
+                                           std::string_view platform) {
   const std::string request = strip(requested_backend);
   if (request.empty()) {
     throw ContractError(ErrorCode::empty, "requested_backend",
@@ -198,8 +289,9 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
   std::vector<std::pair<std::string, std::shared_ptr<const BackendCapability>>> candidates;
   {
     std::lock_guard lock(mutex_);
-    const auto& caps = state_->caps[p];
-    for (const std::string& name : state_->candidates[p]) {
+    State::Kind& k = state_->of(kind);
+    const auto& caps = k.caps[p];
+    for (const std::string& name : k.candidates[p]) {
       auto cap_it = caps.find(name);
       candidates.emplace_back(name, cap_it == caps.end() ? nullptr : cap_it->second);
     }
@@ -232,22 +324,24 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
       ++cap_rejections;
       continue;
     }
-    std::shared_ptr<LogprobOp> op = instance(name);
+    Instance built = instance(name);
+    std::shared_ptr<Op> op = built.template as<Op>();
     if (!op) {
       rejected.push_back(name + ": backend could not be loaded or instantiated");
       ++cap_rejections;
       continue;
     }
-    DispatchResult r{.op = op,
-                     .capability = cap,
-                     .requested_backend = request,
-                     .actual_backend = cap.backend_id(),
-                     .backend_name = name,
-                     .platform = p,
-                     .fallback = cap_rejections > 0,
-                     .prior_rejections = rejected,
-                     .provenance_json = {}};
+    BasicDispatchResult<Op> r{.op = op,
+                              .capability = cap,
+                              .requested_backend = request,
+                              .actual_backend = cap.backend_id(),
+                              .backend_name = name,
+                              .platform = p,
+                              .fallback = cap_rejections > 0,
+                              .prior_rejections = rejected,
+                              .provenance_json = {}};
     nlohmann::json j;
+    j["op_kind"] = to_string(kind);
     j["requested_backend"] = r.requested_backend;
     j["actual_backend"] = r.actual_backend;
     j["backend_enum"] = r.backend_name;
@@ -263,19 +357,21 @@ DispatchResult Registry::get_logprob_op(const LogprobContract& contract,
     return r;
   }
   const ShardingSpec& sh = contract.sharding();
-  throw std::runtime_error(fmt::format(
-      "No logprob backend supports the requested contract on {}: role={}, dtype={}, TP={}, "
-      "CP={}, padded_vocab={}, real_vocab={}. Rejections: {}",
-      p, to_string(contract.role()), to_string(contract.dtype()), sh.tp_world_size(),
-      sh.cp_world_size(), sh.padded_vocab_size(), sh.real_vocab_size(),
-      rejected.empty() ? std::string("no candidates registered")
-                       : fmt::format("{}", fmt::join(rejected, " | "))));
+  throw std::runtime_error(
+      fmt::format("No {} backend supports the requested contract on {}: role={}, dtype={}, TP={}, "
+                  "CP={}, padded_vocab={}, real_vocab={}. Rejections: {}",
+                  kind == OpKind::logits ? "logprob" : "fused lm_head", p,
+                  to_string(contract.role()), to_string(contract.dtype()), sh.tp_world_size(),
+                  sh.cp_world_size(), sh.padded_vocab_size(), sh.real_vocab_size(),
+                  rejected.empty() ? std::string("no candidates registered")
+                                   : fmt::format("{}", fmt::join(rejected, " | "))));
 }
 
-std::vector<std::string> Registry::contract_candidates(std::string_view platform) const {
+std::vector<std::string> Registry::contract_candidates(std::string_view platform,
+                                                       OpKind kind) const {
   const std::string p = check_platform(platform);
   std::lock_guard lock(mutex_);
-  return state_->candidates.at(p);
+  return state_->of(kind).candidates.at(p);
 }
 
 std::vector<std::string> Registry::legacy_priority(std::string_view op_type,
@@ -290,11 +386,24 @@ std::optional<BackendCapability> Registry::capability(std::string_view platform,
                                                       std::string_view backend_name) const {
   const std::string p = check_platform(platform);
   std::lock_guard lock(mutex_);
-  auto pit = state_->caps.find(p);
-  if (pit == state_->caps.end()) return std::nullopt;
+  auto entry = state_->catalogue.find(backend_name);
+  if (entry == state_->catalogue.end()) return std::nullopt;
+  const auto& caps = state_->of(entry->second.kind).caps;
+  auto pit = caps.find(p);
+  if (pit == caps.end()) return std::nullopt;
   auto it = pit->second.find(backend_name);
   if (it == pit->second.end()) return std::nullopt;
   return *it->second;
+}
+
+OpKind parse_op_kind(std::string_view name) {
+  for (OpKind k : kOpKinds) {
+    if (to_string(k) == name) return k;
+  }
+  throw ContractError(
+      ErrorCode::invalid_enum, "op_kind",
+      fmt::format("op_kind must be one of: {}, {}; got '{}'", to_string(OpKind::logits),
+                  to_string(OpKind::fused_linear), name));
 }
 
 std::string_view resolve_retired_backend_id(std::string_view requested_backend) {

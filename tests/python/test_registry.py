@@ -230,6 +230,21 @@ def test_legacy_lists_are_decoupled_and_share_the_cache_and_blacklist():
         r.get_op("unknown_op")
 
 
+def test_the_fused_lm_head_has_its_own_candidate_list():
+    from detlogp._registry import OP_KINDS
+    assert OP_KINDS == ("logits", "fused_linear")
+    r = Registry.with_builtin_backends()
+    assert r.contract_candidates("cpu", op_kind="fused_linear") == [
+        "CPU_FUSED_LINEAR_LOGP", "CPU_FUSED_LINEAR_REFERENCE_LOGP"]
+    assert r.contract_candidates("cuda", op_kind="fused_linear") == []
+    assert r.contract_candidates("cpu", "logits") == r.contract_candidates("cpu")
+    cap = r.capability("cpu", "CPU_FUSED_LINEAR_REFERENCE_LOGP")
+    assert cap.backend_id == "cpu-fused-linear-reference-logp"
+    assert cap.implementation_kind == "reference"
+    with pytest.raises(LogprobContractError, match="op_kind must be one of: logits, fused_linear"):
+        r.contract_candidates("cpu", "fused")
+
+
 def test_builtin_backends_order_and_truthful_capabilities():
     r = Registry.with_builtin_backends()
     assert r.contract_candidates("cpu") == [
