@@ -18,21 +18,6 @@ namespace {
 const std::set<Role> kAllRoles = {Role::train, Role::infer};
 const std::set<DType> kAllDtypes = {DType::bf16, DType::fp16, DType::fp32};
 
-// Everything the canon offers: any TP and CP, padding, both mask modes, LSE export, both
-// determinism scopes, any tile width, temperature.
-BackendCapability canonical_capability(std::string_view id, ImplementationKind kind) {
-  return BackendCapability(
-      {.backend_id = std::string(id),
-       .roles = kAllRoles,
-       .dtypes = kAllDtypes,
-       .supports_vocab_padding = true,
-       .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
-       .exports_vocab_lse = true,
-       .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
-       .implementation_kind = kind,
-       .supports_temperature = true});
-}
-
 BackendCapability batch_invariant_capability(std::string_view id, ImplementationKind kind) {
   return BackendCapability({.backend_id = std::string(id),
                             .roles = kAllRoles,
@@ -62,11 +47,24 @@ void check_kernels(std::string_view kernels) {
 
 }  // namespace
 
+BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind) {
+  return BackendCapability(
+      {.backend_id = std::string(backend_id),
+       .roles = kAllRoles,
+       .dtypes = kAllDtypes,
+       .supports_vocab_padding = true,
+       .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
+       .exports_vocab_lse = true,
+       .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
+       .implementation_kind = kind,
+       .supports_temperature = true});
+}
+
 BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,
                                          ImplementationKind kind) {
   check_kernels(kernels);
   if (kernels == "batch_invariant") return batch_invariant_capability(backend_id, kind);
-  return canonical_capability(backend_id, kind);
+  return canon_capability(backend_id, kind);
 }
 
 Backend cpu_backend(std::string name, std::string backend_id, std::string_view kernels) {

@@ -11,7 +11,7 @@ namespace detlogp {
 BackendCapability fused_linear_logprob_capability(ImplementationKind kind,
                                                   std::string_view backend_id) {
   // The fused op computes exactly the canonical logits op's outputs (docs/fused.md).
-  return cpu_kernels_capability("canonical", backend_id, kind);
+  return canon_capability(backend_id, kind);
 }
 
 FusedBackend cpu_fused_backend(std::string name, std::string backend_id, std::string kernel) {

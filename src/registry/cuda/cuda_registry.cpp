@@ -11,16 +11,8 @@
 namespace detlogp {
 
 BackendCapability cuda_capability() {
-  return BackendCapability(
-      {.backend_id = std::string(kCudaCanonicalBackendId),
-       .roles = {Role::train, Role::infer},
-       .dtypes = {DType::bf16, DType::fp16, DType::fp32},
-       .supports_vocab_padding = true,
-       .mask_modes = {MaskMode::explicit_active_mask, MaskMode::ignore_index},
-       .exports_vocab_lse = true,
-       .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
-       .implementation_kind = ImplementationKind::production,
-       .supports_temperature = true});
+  // The CUDA kernels run the whole canon (docs/cuda.md).
+  return canon_capability(kCudaCanonicalBackendId, ImplementationKind::production);
 }
 
 void register_cuda_backend(Registry& registry) {
