@@ -29,7 +29,7 @@
 
 #include "cli.hpp"
 #include "device.hpp"
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 #include "numerics/element_io.hpp"
 #include "parallel.hpp"
 #include "progress.hpp"

@@ -15,8 +15,8 @@
 #include "detlogp/version.hpp"
 #include "device.hpp"
 #include "io/file.hpp"
-#include "io/memory.hpp"
 #include "io/tensor_file.hpp"
+#include "memory/memory.hpp"
 #include "scoring.hpp"
 
 namespace detlogp::cli {

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "device.hpp"
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 
 namespace detlogp::cli {
 

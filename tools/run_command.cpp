@@ -12,7 +12,7 @@
 
 #include "cli.hpp"
 #include "device.hpp"
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 #include "progress.hpp"
 #include "run_checks.hpp"
 #include "run_report.hpp"

@@ -16,7 +16,7 @@
 
 #include "cli.hpp"
 #include "detlogp/mpi_comm.hpp"
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 #include "progress.hpp"
 #include "rank_agreement.hpp"
 #include "run_checks.hpp"

@@ -13,3 +13,4 @@
 #include "detlogp/operator.hpp"
 #include "detlogp/registry.hpp"
 #include "detlogp/version.hpp"
+#include "detlogp/views.hpp"

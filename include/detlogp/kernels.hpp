@@ -18,26 +18,9 @@
 
 #include "detlogp/dtype.hpp"
 #include "detlogp/numerics.hpp"
+#include "detlogp/views.hpp"  // LogitsView, MutableLogitsView
 
 namespace detlogp {
-
-// A row-major matrix view: element (r, c) is at data + (r * row_stride + c) * dtype_size(dtype).
-// row_stride >= cols (rows may be views into a larger buffer).
-struct LogitsView {
-  const void* data = nullptr;
-  DType dtype = DType::fp32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t row_stride = 0;  // in elements
-};
-
-struct MutableLogitsView {
-  void* data = nullptr;
-  DType dtype = DType::fp32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t row_stride = 0;  // in elements
-};
 
 // Where a shard sits in the vocabulary.
 struct ShardSpec {

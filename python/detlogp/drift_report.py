@@ -259,7 +259,7 @@ def _local_ranks(rank, world):
 
 
 def _check_memory(case, rank, world):
-    """The command line's memory rule (src/io/memory.cpp): every rank on this machine at its
+    """The command line's memory rule (src/memory/memory.cpp): every rank on this machine at its
     peak must fit in what this process may still allocate."""
     local = _local_ranks(rank, world)
     needed = sum(_memory_needed(case, r) for r in local)

@@ -1,4 +1,4 @@
-// The memory rule of the command line's up-front checks (src/io/memory.hpp), for the Python
+// The memory rule of the command line's up-front checks (src/memory/memory.hpp), for the Python
 // package's own up-front checks (the drift report): one rule, one place.
 
 #include <pybind11/pybind11.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 #include "python_bindings.hpp"
 
 namespace py = pybind11;

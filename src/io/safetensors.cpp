@@ -13,7 +13,7 @@
 
 #include "io/detail.hpp"
 #include "io/file.hpp"
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 
 namespace detlogp::io {
 namespace {

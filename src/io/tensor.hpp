@@ -18,7 +18,7 @@
 
 #include "detlogp/dtype.hpp"
 #include "detlogp/errors.hpp"
-#include "detlogp/kernels.hpp"
+#include "detlogp/views.hpp"
 
 namespace detlogp::io {
 

@@ -33,8 +33,10 @@ fi
 sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
 cxxflags=(-std=c++20 -O1 -g "${sanitize[@]}" -fsanitize=fuzzer-no-link -Wall -Wextra -Werror
           -I"$src/include" -I"$src/src")
-io_sources=(tensor file memory safetensors safetensors_header npy tensor_file)
-headers=("$src"/src/io/*.hpp "$src"/include/detlogp/*.hpp)
+# Under src/: the io layer and the memory layer it uses.
+io_sources=(io/tensor io/file memory/memory io/safetensors io/safetensors_header io/npy
+            io/tensor_file)
+headers=("$src"/src/io/*.hpp "$src"/src/memory/*.hpp "$src"/include/detlogp/*.hpp)
 
 # $1 is stale when missing or older than any of the remaining arguments.
 stale() {
@@ -47,10 +49,10 @@ stale() {
 
 pids=()
 for name in "${io_sources[@]}"; do
-  obj="$out/obj/$name.o"
-  if stale "$obj" "$src/src/io/$name.cpp" "${headers[@]}"; then
-    echo "io_fuzz: compiling src/io/$name.cpp"
-    "$cxx" "${cxxflags[@]}" -c "$src/src/io/$name.cpp" -o "$obj" &
+  obj="$out/obj/${name//\//_}.o"
+  if stale "$obj" "$src/src/$name.cpp" "${headers[@]}"; then
+    echo "io_fuzz: compiling src/$name.cpp"
+    "$cxx" "${cxxflags[@]}" -c "$src/src/$name.cpp" -o "$obj" &
     pids+=($!)
     if (( ${#pids[@]} >= 2 )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
   fi
@@ -58,7 +60,7 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
 objs=()
-for name in "${io_sources[@]}"; do objs+=("$out/obj/$name.o"); done
+for name in "${io_sources[@]}"; do objs+=("$out/obj/${name//\//_}.o"); done
 targets=(safetensors npy header)
 # Dictionaries: the header target shares the .safetensors one.
 declare -A dict=([safetensors]=safetensors [npy]=npy [header]=safetensors)

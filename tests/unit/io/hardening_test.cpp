@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "io/file.hpp"
-#include "io/memory.hpp"
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
 #include "io/tensor_file.hpp"
 #include "io_test_util.hpp"
+#include "memory/memory.hpp"
 
 namespace detlogp::io {
 namespace {

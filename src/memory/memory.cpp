@@ -1,4 +1,4 @@
-#include "io/memory.hpp"
+#include "memory/memory.hpp"
 
 #include <cerrno>
 #include <cstdlib>
