@@ -12,6 +12,8 @@
 //     if (e.code() == detlogp::ErrorCode::out_of_range && e.field() == "temperature") ...
 //   }
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -20,7 +22,8 @@
 
 namespace detlogp {
 
-// What kind of rule a ContractError reports. Stable: values are only ever added.
+// What kind of rule a ContractError reports. Stable: values are only ever added, at the end,
+// each with its name at the end of kErrorCodeNames.
 enum class ErrorCode : std::uint8_t {
   unspecified,            // built from a message alone
   out_of_range,           // a number outside its range: not positive, negative, too large, not
@@ -51,49 +54,20 @@ enum class ErrorCode : std::uint8_t {
   unknown_platform,       // a registry platform that does not exist
 };
 
-// The code's name, e.g. "out_of_range" (what Python's LogprobContractError.code holds).
+// The codes' names, indexed by the enumerator's value (what Python's LogprobContractError.code
+// holds).
+inline constexpr auto kErrorCodeNames = std::to_array<std::string_view>(
+    {"unspecified", "out_of_range", "invalid_enum", "unsupported_value", "empty", "duplicate",
+     "reserved_name", "conflicting_fields", "bad_shard_bounds", "tile_misaligned", "wrong_shape",
+     "wrong_dtype", "token_out_of_vocab", "communicator_mismatch", "mode_mismatch", "not_supported",
+     "ranks_disagree", "non_finite_result", "unknown_platform"});
+static_assert(kErrorCodeNames.size() == static_cast<std::size_t>(ErrorCode::unknown_platform) + 1,
+              "one name per ErrorCode: a new code appends its name here");
+
+// The code's name, e.g. "out_of_range"; "unspecified" for a value outside the enum.
 constexpr std::string_view to_string(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::unspecified:
-      return "unspecified";
-    case ErrorCode::out_of_range:
-      return "out_of_range";
-    case ErrorCode::invalid_enum:
-      return "invalid_enum";
-    case ErrorCode::unsupported_value:
-      return "unsupported_value";
-    case ErrorCode::empty:
-      return "empty";
-    case ErrorCode::duplicate:
-      return "duplicate";
-    case ErrorCode::reserved_name:
-      return "reserved_name";
-    case ErrorCode::conflicting_fields:
-      return "conflicting_fields";
-    case ErrorCode::bad_shard_bounds:
-      return "bad_shard_bounds";
-    case ErrorCode::tile_misaligned:
-      return "tile_misaligned";
-    case ErrorCode::wrong_shape:
-      return "wrong_shape";
-    case ErrorCode::wrong_dtype:
-      return "wrong_dtype";
-    case ErrorCode::token_out_of_vocab:
-      return "token_out_of_vocab";
-    case ErrorCode::communicator_mismatch:
-      return "communicator_mismatch";
-    case ErrorCode::mode_mismatch:
-      return "mode_mismatch";
-    case ErrorCode::not_supported:
-      return "not_supported";
-    case ErrorCode::ranks_disagree:
-      return "ranks_disagree";
-    case ErrorCode::non_finite_result:
-      return "non_finite_result";
-    case ErrorCode::unknown_platform:
-      return "unknown_platform";
-  }
-  return "unspecified";
+  const auto i = static_cast<std::size_t>(code);
+  return i < kErrorCodeNames.size() ? kErrorCodeNames[i] : kErrorCodeNames[0];
 }
 
 class ContractError : public std::invalid_argument {
