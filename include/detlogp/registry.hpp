@@ -27,6 +27,7 @@
 
 #include "detlogp/capability.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/enums.hpp"
 #include "detlogp/fused.hpp"
 #include "detlogp/operator.hpp"
 
@@ -44,12 +45,15 @@ enum class OpKind : std::uint8_t {
 };
 inline constexpr std::array<OpKind, 2> kOpKinds = {OpKind::logits, OpKind::fused_linear};
 
-// "logits" or "fused_linear" (the provenance's op_kind).
-constexpr std::string_view to_string(OpKind kind) {
-  return kind == OpKind::logits ? "logits" : "fused_linear";
+// Its names, "logits" and "fused_linear" (the provenance's op_kind), like the contract's enums
+// (detlogp/enums.hpp: to_string, parse_enum).
+template <>
+struct EnumValues<OpKind> {
+  static constexpr auto values = std::to_array<std::string_view>({"logits", "fused_linear"});
+};
+inline OpKind parse_op_kind(std::string_view v, std::string_view field = "op_kind") {
+  return parse_enum<OpKind>(v, field);
 }
-// The inverse; ContractError(invalid_enum, "op_kind") for another name.
-OpKind parse_op_kind(std::string_view name);
 
 // A backend as the registry knows it: a stable enum-style name (e.g.
 // "CPU_CANONICAL_VOCAB_PARALLEL_LOGP") and a factory of its op. The factory may throw: the

@@ -396,16 +396,6 @@ std::optional<BackendCapability> Registry::capability(std::string_view platform,
   return *it->second;
 }
 
-OpKind parse_op_kind(std::string_view name) {
-  for (OpKind k : kOpKinds) {
-    if (to_string(k) == name) return k;
-  }
-  throw ContractError(
-      ErrorCode::invalid_enum, "op_kind",
-      fmt::format("op_kind must be one of: {}, {}; got '{}'", to_string(OpKind::logits),
-                  to_string(OpKind::fused_linear), name));
-}
-
 std::string_view resolve_retired_backend_id(std::string_view requested_backend) {
   for (const RetiredBackendId& r : kRetiredBackendIds) {
     if (r.retired == requested_backend) return r.current;
