@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "contract/contract_fixtures.hpp"
 #include "detlogp/registry.hpp"
 #include "detlogp/version.hpp"
 #include "op/op_test_util.hpp"
@@ -331,25 +332,19 @@ TEST(Registry, RetiredBatchInvariantIdResolvesToTheCurrentId) {
 
 // Rejected requests and registrations carry a code and the field, not only a message.
 TEST(Registry, RejectionsCarryErrorCodes) {
-  auto code_of = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const ContractError& e) {
-      return std::string(to_string(e.code())) + ":" + e.field();
-    }
-    return "no ContractError";
-  };
   Registry r;
-  EXPECT_EQ(code_of([&] { r.get_logprob_op(qwen_tp2(), "  "); }), "empty:requested_backend");
-  EXPECT_EQ(code_of([&] { r.get_logprob_op(qwen_tp2(), "Deterministic"); }),
+  EXPECT_EQ(contract_error_code([&] { r.get_logprob_op(qwen_tp2(), "  "); }),
+            "empty:requested_backend");
+  EXPECT_EQ(contract_error_code([&] { r.get_logprob_op(qwen_tp2(), "Deterministic"); }),
             "reserved_name:requested_backend");
-  EXPECT_EQ(code_of([&] { r.get_logprob_op(qwen_tp2(), "auto", "cuda-typo"); }),
+  EXPECT_EQ(contract_error_code([&] { r.get_logprob_op(qwen_tp2(), "auto", "cuda-typo"); }),
             "unknown_platform:platform");
+  EXPECT_EQ(contract_error_code(
+                [&] { r.register_logprob_backend(reference_backend("VP", "vp"), std::nullopt); }),
+            "empty:capability");
   EXPECT_EQ(
-      code_of([&] { r.register_logprob_backend(reference_backend("VP", "vp"), std::nullopt); }),
-      "empty:capability");
-  EXPECT_EQ(code_of([&] { (void)full_cap("Production", ImplementationKind::reference); }),
-            "reserved_name:backend_id");
+      contract_error_code([&] { (void)full_cap("Production", ImplementationKind::reference); }),
+      "reserved_name:backend_id");
   // No fitting backend is not a contract violation: std::runtime_error, as before.
   EXPECT_THROW(r.get_logprob_op(qwen_tp2()), std::runtime_error);
 }
