@@ -127,17 +127,27 @@ def check(root):
 
 
 def self_test():
-    # A two-file tree whose numerics header includes the op layer: must be reported.
-    with tempfile.TemporaryDirectory() as root:
-        for rel, text in {"src/numerics/a.hpp": '#include "op/b.hpp"\n',
-                          "src/op/b.hpp": '#include "numerics/a.hpp"\n'}.items():
-            os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
-            with open(os.path.join(root, rel), "w", encoding="utf-8") as fh:
-                fh.write(text)
-        edges, errors = check(root)
-    print("\n".join(errors))
-    ok = edges == 2 and len(errors) == 1 and "src/numerics/a.hpp:1" in errors[0]
-    print("self-test:", "the reversed edge was reported" if ok else "FAILED")
+    # Trees with one wrong edge each, which must be the one reported: a numerics header that
+    # includes the op layer (a reversed edge), and a Python extension file that includes the io
+    # layer next to the memory layer it may use.
+    cases = [
+        ({"src/numerics/a.hpp": '#include "op/b.hpp"\n',
+          "src/op/b.hpp": '#include "numerics/a.hpp"\n'}, 2, "src/numerics/a.hpp:1"),
+        ({"python/src/a.cpp": '#include "memory/m.hpp"\n#include "io/t.hpp"\n',
+          "src/memory/m.hpp": "", "src/io/t.hpp": '#include "memory/m.hpp"\n'},
+         3, "python/src/a.cpp:2"),
+    ]
+    ok = True
+    for files, want_edges, want_error in cases:
+        with tempfile.TemporaryDirectory() as root:
+            for rel, text in files.items():
+                os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+                with open(os.path.join(root, rel), "w", encoding="utf-8") as fh:
+                    fh.write(text)
+            edges, errors = check(root)
+        print("\n".join(errors))
+        ok = ok and edges == want_edges and len(errors) == 1 and want_error in errors[0]
+    print("self-test:", "each wrong edge was reported" if ok else "FAILED")
     return 0 if ok else 1
 
 
