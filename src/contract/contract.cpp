@@ -30,6 +30,18 @@ void require_non_negative(int64_t value, std::string_view field) {
   }
 }
 
+// A process's rank in a group of `world` processes (TP or CP): world > 0, 0 <= rank < world.
+void require_rank_in_group(int64_t rank, std::string_view rank_field, int64_t world,
+                           std::string_view world_field) {
+  require_positive(world, world_field);
+  require_non_negative(rank, rank_field);
+  if (rank >= world) {
+    throw ContractError(
+        ErrorCode::conflicting_fields, rank_field,
+        fmt::format("{}={} must be smaller than {}={}", rank_field, rank, world_field, world));
+  }
+}
+
 // Shortest round-trip text of a float ("0.7", "1", "nan", "-inf") for messages.
 std::string float_text(float value) {
   char buf[32];
@@ -50,20 +62,8 @@ ShardingSpec::ShardingSpec(const ShardingParams& p)
       padded_vocab_size_(p.padded_vocab_size),
       cp_rank_(p.cp_rank),
       cp_world_size_(p.cp_world_size) {
-  require_positive(tp_world_size_, "tp_world_size");
-  require_non_negative(tp_rank_, "tp_rank");
-  if (tp_rank_ >= tp_world_size_) {
-    throw ContractError(
-        ErrorCode::conflicting_fields, "tp_rank",
-        fmt::format("tp_rank={} must be smaller than tp_world_size={}", tp_rank_, tp_world_size_));
-  }
-  require_positive(cp_world_size_, "cp_world_size");
-  require_non_negative(cp_rank_, "cp_rank");
-  if (cp_rank_ >= cp_world_size_) {
-    throw ContractError(
-        ErrorCode::conflicting_fields, "cp_rank",
-        fmt::format("cp_rank={} must be smaller than cp_world_size={}", cp_rank_, cp_world_size_));
-  }
+  require_rank_in_group(tp_rank_, "tp_rank", tp_world_size_, "tp_world_size");
+  require_rank_in_group(cp_rank_, "cp_rank", cp_world_size_, "cp_world_size");
   require_positive(real_vocab_size_, "real_vocab_size");
   require_positive(padded_vocab_size_, "padded_vocab_size");
   if (padded_vocab_size_ < real_vocab_size_) {
