@@ -30,9 +30,7 @@ ALLOWED = {
     "kernels/cpu": {"kernels", "numerics", "base"},
     "kernels/cuda": {"kernels", "numerics", "base"},
     "comm": {"base"},
-    # Never a backend folder, except kernels/cpu for the fused op's dense kernels until it is
-    # built over a fused-kernels interface.
-    "op": {"kernels", "numerics", "comm", "contract", "base", "kernels/cpu"},
+    "op": {"kernels", "numerics", "comm", "contract", "base"},  # never a backend folder
     "registry": {"op", "kernels", "numerics", "comm", "contract", "base"} | BACKENDS,
     "drift": {"base"},
     "memory": {"base"},
