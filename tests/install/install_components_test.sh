@@ -3,13 +3,11 @@
 # mpi_comm.hpp (it needs mpi.h; a build without MPI has no component mpi at all), and
 # `--component mpi`, when MPI was built, adds it next to libdetlogp_mpi.
 # Usage: install_components_test.sh <build-dir> <work-dir> <with-mpi: ON|OFF>
-set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=$1
-mkdir -p "$2"
-work=$(mktemp -d "$2/components.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+make_work "$2" components
 inc=$work/prefix/include/detlogp
-cmake --install "$build" --prefix "$work/prefix" --component core >/dev/null
+install_tree "$build" "$work/prefix" --component core
 test -f "$inc/detlogp.hpp"
 if [ -e "$inc/mpi_comm.hpp" ]; then
   echo "install_components: --component core installed $inc/mpi_comm.hpp" >&2
@@ -17,7 +15,7 @@ if [ -e "$inc/mpi_comm.hpp" ]; then
 fi
 echo "core: $(ls "$inc" | tr '\n' ' ')"
 if [ "$3" = ON ]; then
-  cmake --install "$build" --prefix "$work/prefix" --component mpi >/dev/null
+  install_tree "$build" "$work/prefix" --component mpi
   test -f "$inc/mpi_comm.hpp"
   ls "$work"/prefix/lib*/libdetlogp_mpi.*
 fi

@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
 # Installs the build tree, builds a C++-only consumer that asks for COMPONENTS mpi, and runs
 # it under mpirun -np 2 (TP=2 over MPI, bitwise equal to TP=1).
-# Usage: install_consumer_mpi_test.sh <build-dir> <source-dir> <work-dir> <mpiexec> [flags...]
-set -euo pipefail
-build=$1
-src=$2
-mkdir -p "$3"
-work=$(mktemp -d "$3/consumer-mpi.XXXXXX")
-mpiexec=$4
-shift 4
-trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src/tests/install/consumer_mpi" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/consumer" -j 2 >/dev/null
+# Usage: install_consumer_mpi_test.sh <build-dir> <work-dir> <mpiexec> [flags...]
+source "$(dirname "$0")/lib.sh"
+make_work "$2" consumer-mpi
+install_tree "$1" "$work/prefix"
+build_consumer "$here/consumer_mpi" "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix"
+mpiexec=$3
+shift 3
 "$mpiexec" "$@" -np 2 "$work/consumer/consumer_mpi"

@@ -5,11 +5,9 @@
 #   packages missing, root -> apt-get install of exactly the missing ones;
 #   `run` checks only what the library and the command line need.
 # Usage: install_deps_test.sh <source-dir> <work-dir>
-set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 script=$1/scripts/install-deps.sh
-mkdir -p "$2"
-work=$(mktemp -d "$2/deps.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+make_work "$2" deps
 mkdir "$work/bin"
 cat >"$work/bin/dpkg-query" <<'FAKE'
 #!/usr/bin/env bash

@@ -4,15 +4,12 @@
 # already on sys.path, so no PYTHONPATH is needed. Installs into a staging DESTDIR (the real
 # /usr/local is left alone), checks the directory is on the interpreter's sys.path, that the
 # package carries its libraries (ldd) and that it imports from the staged copy.
-# Usage: install_python_prefix_test.sh <build-dir> <python> <install-dir> <source-dir> <work-dir>
-set -euo pipefail
+# Usage: install_python_prefix_test.sh <build-dir> <python> <install-dir> <work-dir>
+source "$(dirname "$0")/lib.sh"
 build=$1
 py=$2
 rel=$3
-src=$4
-mkdir -p "$5"
-work=$(mktemp -d "$5/python-prefix.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+make_work "$4" python-prefix
 "$py" - "$rel" <<'PY'
 import os, sys
 rel = sys.argv[1]
@@ -26,7 +23,7 @@ PY
 DESTDIR="$work/stage" cmake --install "$build" --component python --prefix /usr/local >/dev/null
 site="$work/stage/usr/local/$rel"
 ls "$site/detlogp"
-bash "$src/tests/install/check_ldd.sh" "$(ls "$site"/detlogp/_detlogp*.so)" "$site/detlogp"
+bash "$here/check_ldd.sh" "$(ls "$site"/detlogp/_detlogp*.so)" "$site/detlogp"
 cd "$work"
 PYTHONPATH="$site" "$py" -c "
 import detlogp, os, sys

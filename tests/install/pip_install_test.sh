@@ -4,19 +4,15 @@
 # the installed package imports from another directory and runs forward+backward; its
 # extension and the wheel's load Highway from inside the package (ldd); pip lists it, and
 # `pip uninstall` removes every file it installed.
+# The sources are copied to <work-dir>/pip-src, which is kept from one run to the next with
+# the CMake tree pip's build leaves in it (build-pip/): a rerun compiles only what changed, and
+# `pip wheel` reuses what `pip install` built. The venv and the wheel are made afresh each time.
 # Usage: pip_install_test.sh <python> <source-dir> <work-dir>
-set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 py=$1
-src=$2
-mkdir -p "$3"
-work=$(mktemp -d "$3/pip.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-here=$src/tests/install
-
-# A clean copy of the sources: pip builds in the source tree (build-pip/, *.egg-info).
-mkdir "$work/src"
-tar -C "$src" --exclude=./.git --exclude='./build*' --exclude='*.egg-info' -cf - . |
-  tar -C "$work/src" -xf -
+make_work "$3" pip
+sources=$3/pip-src
+copy_sources "$2" "$sources" build-pip
 
 "$py" -m venv --system-site-packages "$work/venv"
 vpy=$work/venv/bin/python
@@ -24,7 +20,7 @@ pipq=(-m pip --disable-pip-version-check --no-input)
 flags=(--no-build-isolation --no-index --no-deps)
 
 echo "== pip install ."
-(cd "$work/src" && "$vpy" "${pipq[@]}" install "${flags[@]}" . >"$work/install.log" 2>&1) ||
+(cd "$sources" && "$vpy" "${pipq[@]}" install "${flags[@]}" . >"$work/install.log" 2>&1) ||
   { tail -40 "$work/install.log"; exit 1; }
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
 mkdir "$work/elsewhere"
@@ -37,7 +33,7 @@ echo "== ldd of the installed extension"
 bash "$here/check_ldd.sh" "$(ls "$site"/detlogp/_detlogp*.so)" "$site/detlogp"
 
 echo "== pip wheel ."
-(cd "$work/src" && "$vpy" "${pipq[@]}" wheel "${flags[@]}" -w "$work/wheels" . \
+(cd "$sources" && "$vpy" "${pipq[@]}" wheel "${flags[@]}" -w "$work/wheels" . \
   >"$work/wheel.log" 2>&1) || { tail -40 "$work/wheel.log"; exit 1; }
 wheel=$(ls "$work"/wheels/detlogp-*.whl)
 echo "$(basename "$wheel")"

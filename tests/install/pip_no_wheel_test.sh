@@ -5,15 +5,10 @@
 # Skipped (exit 77) where a plain venv of <python> has no setuptools, or already has wheel or
 # a setuptools with bdist_wheel built in.
 # Usage: pip_no_wheel_test.sh <python> <source-dir> <work-dir>
-set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 py=$1
-src=$2
-mkdir -p "$3"
-work=$(mktemp -d "$3/pip-no-wheel.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-mkdir "$work/src"
-tar -C "$src" --exclude=./.git --exclude='./build*' --exclude='*.egg-info' -cf - . |
-  tar -C "$work/src" -xf -
+make_work "$3" pip-no-wheel
+copy_sources "$2" "$work/src"
 "$py" -m venv "$work/venv"
 vpy=$work/venv/bin/python
 if ! "$vpy" -c 'import setuptools' 2>/dev/null ||

@@ -3,12 +3,10 @@
 # was built for, which one runs and how to fix it (not Python's "circular import" message).
 # Makes a copy of the built package whose extension carries the tag of the next CPython minor
 # version. Usage: python_wrong_interpreter_test.sh <python> <built-package-dir> <work-dir>
-set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 py=$1
 pkg=$2
-mkdir -p "$3"
-work=$(mktemp -d "$3/wrong-python.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+make_work "$3" wrong-python
 cp -r "$pkg" "$work/detlogp"
 read -r major minor < <("$py" -c 'import sys; print(*sys.version_info[:2])')
 other="$major$((minor + 1))"

@@ -1,0 +1,45 @@
+# Sourced by every install test (bash): strict mode, the test's scratch directory, and the steps
+# several tests take (installing the build tree, building a consumer project, copying the
+# sources for pip). Each step is written here once so that the tests differ only in what they
+# check.
+set -euo pipefail
+
+# This folder (tests/install), for the helper scripts and consumer projects beside the tests.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# make_work <work-root> <name>: sets $work to a fresh directory under <work-root> (created if
+# needed), removed when the test exits, whatever its outcome.
+make_work() {
+  mkdir -p "$1"
+  work=$(mktemp -d "$1/$2.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+}
+
+# install_tree <build-dir> <prefix> [cmake --install options...]: installs quietly.
+install_tree() {
+  local build=$1 prefix=$2
+  shift 2
+  cmake --install "$build" --prefix "$prefix" "$@" >/dev/null
+}
+
+# build_consumer <project-dir> <build-dir> [cmake options...]: configures a consumer project
+# with just the given options and builds it; on failure prints its log.
+build_consumer() {
+  local project=$1 build=$2
+  shift 2
+  mkdir -p "$build"
+  cmake -S "$project" -B "$build" --no-warn-unused-cli "$@" >"$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log"; return 1; }
+  cmake --build "$build" -j 2 >"$build/build.log" 2>&1 || { tail -40 "$build/build.log"; return 1; }
+}
+
+# copy_sources <source-dir> <dest> [kept-entry]: <dest> becomes a copy of the sources without
+# build trees, VCS data or egg-info, as a user's checkout has them (pip builds inside the source
+# tree). Whatever <dest> held before goes, except its top-level [kept-entry]: a build tree kept
+# there is reused, and as the files keep their times it rebuilds only what changed.
+copy_sources() {
+  mkdir -p "$2"
+  find "$2" -mindepth 1 -maxdepth 1 ! -name "${3:-}" -exec rm -rf {} +
+  tar -C "$1" --exclude=./.git --exclude='./build*' --exclude='*.egg-info' -cf - . |
+    tar -C "$2" -xf -
+}
