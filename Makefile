@@ -1,7 +1,12 @@
 # detlogp: two commands do all setup on a fresh Debian 12 machine (docs/install.md):
-#   make run    checks the packages, builds the library and the command line, runs `detlogp run`
-#   make test   checks the packages, builds everything, runs every test (unit, MPI, CLI, Python,
-#               install, fuzz, GPU; then the unit tests under ASan+UBSan)
+#   make run        checks the packages, builds the library and the command line, runs
+#                   `detlogp run`
+#   make test       checks the packages, builds everything, runs the tests of the daily loop:
+#                   every ctest entry but those labelled long (unit, exhaustive, MPI, CLI,
+#                   Python, install, a fuzz smoke run, GPU)
+#   make test-long  the long tier, after make test (.ci/run runs both): the entries labelled
+#                   long (minutes of fuzzing, the install tests that compile the library again),
+#                   then the unit tests built and run under ASan+UBSan
 # Missing Debian packages are installed when run as root; otherwise scripts/install-deps.sh
 # lists them and stops. `make bench` runs the benchmarks reported in docs/benchmarks.md.
 
@@ -17,7 +22,7 @@ RUN_OPTIONS  = -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_BUILD_TESTS=OFF -DDETLOGP_BUIL
 FULL_OPTIONS = -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_BUILD_TESTS=ON -DDETLOGP_BUILD_BENCH=ON \
                -DDETLOGP_BUILD_PYTHON=ON -DDETLOGP_WITH_MPI=ON -DDETLOGP_WITH_CUDA=AUTO
 
-.PHONY: all deps deps-run build build-cli build-asan run test test-unit bench format clean
+.PHONY: all deps deps-run build build-cli build-asan run test test-long bench format clean
 
 all: build
 
@@ -51,8 +56,12 @@ build-asan: deps
 run: build-cli
 	@./$(BUILD)/bin/detlogp run
 
-test: build build-asan
-	@cd $(BUILD) && ctest --output-on-failure -j 1
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j 1 -LE long
+
+# Reuses build/ (only what changed is compiled again) and the install tests' trees kept in it.
+test-long: build build-asan
+	@cd $(BUILD) && ctest --output-on-failure -j 1 -L long
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -j 1 -L unit
 
 bench: build

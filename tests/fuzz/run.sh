@@ -6,7 +6,7 @@
 #
 # usage: tests/fuzz/run.sh <build-dir> [seconds-per-target]
 #   env: DETLOGP_FUZZ_CXX (default clang++), DETLOGP_FUZZ_SECONDS (default and minimum 60;
-#        DETLOGP_FUZZ_ALLOW_SHORT=1 allows less, for a quick local check)
+#        DETLOGP_FUZZ_ALLOW_SHORT=1 allows less: the smoke run of make test, a quick local check)
 # Targets: safetensors_fuzz, npy_fuzz (the readers) and header_fuzz (the header parser's worst
 # cases: many keys, deep nesting).
 # Outputs under <build-dir>/fuzz/: the binaries, the growing corpus, logs and crash artifacts.
@@ -14,7 +14,7 @@ set -euo pipefail
 
 build=${1:?usage: run.sh <build-dir> [seconds-per-target]}
 seconds=${2:-${DETLOGP_FUZZ_SECONDS:-60}}
-# make test runs every target for at least a minute.
+# The long tier (make test-long) runs every target for at least a minute.
 if (( seconds < 60 )) && [[ -z ${DETLOGP_FUZZ_ALLOW_SHORT:-} ]]; then seconds=60; fi
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cxx=${DETLOGP_FUZZ_CXX:-clang++}
