@@ -12,11 +12,7 @@
 namespace detlogp {
 namespace {
 
-using testing::kQwen3PaddedTP2;
-using testing::kQwen3Real;
-using testing::qwen3_contract;
-using testing::qwen3_mask;
-using testing::qwen3_sharding;
+using namespace testing;  // the Qwen3-8B example fixtures (contract_fixtures.hpp)
 
 using Reasons = std::vector<std::string>;
 

@@ -19,11 +19,7 @@
 namespace detlogp {
 namespace {
 
-using testing::kQwen3PaddedTP2;
-using testing::kQwen3Real;
-using testing::qwen3_contract;
-using testing::qwen3_mask;
-using testing::qwen3_sharding;
+using namespace testing;  // the Qwen3-8B example fixtures (contract_fixtures.hpp)
 
 // The Qwen3-8B example (TP=2, CP=2, bf16, rank tp0/cp0) with detlogp's defaults.
 // Computed by this implementation and independently in Python from the documented layout

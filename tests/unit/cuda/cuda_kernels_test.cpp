@@ -83,62 +83,14 @@ class DeviceLogits {
   size_t bytes_ = 0;
 };
 
-// testing::forward_sharded on device logits through `kernels` (CudaShardKernels): every shard's
-// cover, target logits through the kernels' read_target_logits, roots through merge_roots.
+// testing::forward_sharded on device logits through `kernels` (CudaShardKernels).
 testing::ForwardResult forward_sharded_gpu(const CudaShardKernels& kernels, const Logits& x,
                                            const DeviceLogits& dx, const TileGeometry& geometry,
                                            std::span<const int64_t> cuts, float temperature,
                                            bool with_entropy, std::span<const int64_t> targets) {
-  const int64_t rows = x.rows;
-  testing::ForwardResult res;
-  std::vector<std::vector<TreeNode>> shard_nodes;
-  std::vector<std::vector<NodePartial>> shard_partials;
-  res.target_z.assign(static_cast<size_t>(rows), 0.0f);
-  for (const testing::ShardRange& s : testing::shard_ranges(x.cols, geometry.tile_width, cuts)) {
-    const ShardSpec spec{s.col_begin, geometry, temperature};
-    const LogitsView view = dx.view_cols(s.col_begin, s.cols);
-    std::vector<TreeNode> cover = canonical_cover(geometry, s.tile_begin, s.tile_end);
-    std::vector<NodePartial> partials(static_cast<size_t>(rows) * cover.size());
-    kernels.node_partials(view, spec, cover, with_entropy, partials);
-    std::vector<int64_t> local(static_cast<size_t>(rows), -1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = targets[static_cast<size_t>(r)];
-      if (t >= s.col_begin && t < s.col_begin + s.cols)
-        local[static_cast<size_t>(r)] = t - s.col_begin;
-    }
-    std::vector<float> tz(static_cast<size_t>(rows));
-    kernels.read_target_logits(view, spec, local, tz);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (local[static_cast<size_t>(r)] >= 0)
-        res.target_z[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)];
-    }
-    shard_nodes.push_back(std::move(cover));
-    shard_partials.push_back(std::move(partials));
-  }
-  for (const auto& n : shard_nodes) res.nodes.insert(res.nodes.end(), n.begin(), n.end());
-  const size_t total = res.nodes.size();
-  res.partials.resize(static_cast<size_t>(rows) * total);
-  for (int64_t r = 0; r < rows; ++r) {
-    size_t j = 0;
-    for (size_t s = 0; s < shard_nodes.size(); ++s) {
-      const size_t n = shard_nodes[s].size();
-      for (size_t k = 0; k < n; ++k) {
-        res.partials[static_cast<size_t>(r) * total + j++] =
-            shard_partials[s][static_cast<size_t>(r) * n + k];
-      }
-    }
-  }
-  res.lse.assign(static_cast<size_t>(rows), 0.0f);
-  if (with_entropy) res.entropy.assign(static_cast<size_t>(rows), 0.0f);
-  if (rows > 0) {
-    kernels.merge_roots(geometry, res.nodes, res.partials, rows, RootsOut{res.lse, res.entropy});
-  }
-  res.logp.assign(static_cast<size_t>(rows), 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto ri = static_cast<size_t>(r);
-    if (targets[ri] >= 0) res.logp[ri] = canon::selected_logp(res.target_z[ri], res.lse[ri]);
-  }
-  return res;
+  return testing::forward_sharded(
+      kernels, x, geometry, cuts, temperature, with_entropy, targets,
+      [&](int64_t begin, int64_t cols) { return dx.view_cols(begin, cols); });
 }
 
 // testing::backward_sharded on the device; the gradient comes back as a host Logits.
@@ -147,30 +99,11 @@ Logits backward_sharded_gpu(const CudaShardKernels& kernels, const Logits& x,
                             std::span<const int64_t> cuts, float temperature,
                             std::span<const int64_t> targets, const testing::ForwardResult& fwd,
                             const testing::GradInputs& g) {
-  const int64_t rows = x.rows;
-  Logits poison(x.dtype, rows, x.cols, x.row_stride);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < poison.row_stride; ++c) poison.set_raw(r, c, 0x5a5au);
-  }
-  DeviceLogits grad(poison);
-  for (const testing::ShardRange& s : testing::shard_ranges(x.cols, geometry.tile_width, cuts)) {
-    const ShardSpec spec{s.col_begin, geometry, temperature};
-    std::vector<int64_t> local(static_cast<size_t>(rows), -1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = targets[static_cast<size_t>(r)];
-      if (t >= s.col_begin && t < s.col_begin + s.cols)
-        local[static_cast<size_t>(r)] = t - s.col_begin;
-    }
-    BackwardInputs in;
-    in.lse = fwd.lse;
-    in.entropy = fwd.entropy;
-    in.target_local = local;
-    in.grad_logp = g.grad_logp;
-    in.grad_lse = g.grad_lse;
-    in.grad_entropy = g.grad_entropy;
-    kernels.backward(dx.view_cols(s.col_begin, s.cols), spec, in,
-                     grad.mutable_view_cols(s.col_begin, s.cols));
-  }
+  DeviceLogits grad(testing::poisoned_logits(x.dtype, x.rows, x.cols, x.row_stride));
+  testing::backward_shards(
+      kernels, x, [&](int64_t begin, int64_t cols) { return dx.view_cols(begin, cols); },
+      [&](int64_t begin, int64_t cols) { return grad.mutable_view_cols(begin, cols); }, geometry,
+      cuts, temperature, targets, fwd, g);
   return grad.to_host();
 }
 

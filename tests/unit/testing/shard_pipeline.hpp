@@ -3,10 +3,12 @@
 // logits buffer is cut into vocab shards at tile boundaries (views with row_stride > cols),
 // each shard computes node partials of its canonical cover, the nodes of all shards are
 // concatenated (as an all-gather would) and every row's root is rebuilt by merge_roots; the
-// target logit is read from its owner; backward runs per shard into one gradient buffer.
+// target logit is read from its owner; backward runs per shard into one gradient buffer. The
+// kernels may be any ShardKernels, the CPU ones on host buffers or the GPU ones on device copies.
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <vector>
@@ -62,11 +64,30 @@ struct ForwardResult {
   std::vector<NodePartial> partials;  // [rows, nodes.size()]
 };
 
-// targets[r]: global target column or -1 (inactive row).
+// Where the kernels read (and write) a shard's columns: by default the host buffers themselves;
+// the GPU tests (tests/unit/cuda) pass views of device copies with the same layout.
+using ShardViews = std::function<LogitsView(int64_t col_begin, int64_t cols)>;
+using MutableShardViews = std::function<MutableLogitsView(int64_t col_begin, int64_t cols)>;
+
+// Each row's target as a column of shard `s`: -1 where another shard owns it or the row is
+// inactive (targets[r] == -1).
+inline std::vector<int64_t> local_targets(std::span<const int64_t> targets, const ShardRange& s) {
+  std::vector<int64_t> local(targets.size(), -1);
+  for (size_t r = 0; r < targets.size(); ++r) {
+    if (targets[r] >= s.col_begin && targets[r] < s.col_begin + s.cols) {
+      local[r] = targets[r] - s.col_begin;
+    }
+  }
+  return local;
+}
+
+// targets[r]: global target column or -1 (inactive row). The target logit is read from its
+// owner through kernels.read_target_logits.
 inline ForwardResult forward_sharded(const ShardKernels& kernels, const Logits& x,
                                      const TileGeometry& geometry, std::span<const int64_t> cuts,
                                      float temperature, bool with_entropy,
-                                     std::span<const int64_t> targets) {
+                                     std::span<const int64_t> targets,
+                                     const ShardViews& views = {}) {
   const int64_t rows = x.rows;
   ForwardResult res;
   std::vector<std::vector<TreeNode>> shard_nodes;
@@ -74,19 +95,13 @@ inline ForwardResult forward_sharded(const ShardKernels& kernels, const Logits& 
   res.target_z.assign(static_cast<size_t>(rows), 0.0f);
   for (const ShardRange& s : shard_ranges(x.cols, geometry.tile_width, cuts)) {
     const ShardSpec spec{s.col_begin, geometry, temperature};
-    const LogitsView view = x.view_cols(s.col_begin, s.cols);
+    const LogitsView view = views ? views(s.col_begin, s.cols) : x.view_cols(s.col_begin, s.cols);
     std::vector<TreeNode> cover = canonical_cover(geometry, s.tile_begin, s.tile_end);
     std::vector<NodePartial> partials(static_cast<size_t>(rows) * cover.size());
     kernels.node_partials(view, spec, cover, with_entropy, partials);
-    // The target logit, copied from its owner.
-    std::vector<int64_t> local(static_cast<size_t>(rows), -1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = targets[static_cast<size_t>(r)];
-      if (t >= s.col_begin && t < s.col_begin + s.cols)
-        local[static_cast<size_t>(r)] = t - s.col_begin;
-    }
+    const std::vector<int64_t> local = local_targets(targets.first(static_cast<size_t>(rows)), s);
     std::vector<float> tz(static_cast<size_t>(rows));
-    read_target_logits(view, spec, local, tz);
+    kernels.read_target_logits(view, spec, local, tz);
     for (int64_t r = 0; r < rows; ++r) {
       if (local[static_cast<size_t>(r)] >= 0)
         res.target_z[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)];
@@ -109,7 +124,9 @@ inline ForwardResult forward_sharded(const ShardKernels& kernels, const Logits& 
   }
   res.lse.assign(static_cast<size_t>(rows), 0.0f);
   if (with_entropy) res.entropy.assign(static_cast<size_t>(rows), 0.0f);
-  kernels.merge_roots(geometry, res.nodes, res.partials, rows, RootsOut{res.lse, res.entropy});
+  if (rows > 0) {  // no rows, no roots (a device kernel cannot launch an empty grid)
+    kernels.merge_roots(geometry, res.nodes, res.partials, rows, RootsOut{res.lse, res.entropy});
+  }
   res.logp.assign(static_cast<size_t>(rows), 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const auto ri = static_cast<size_t>(r);
@@ -124,26 +141,27 @@ struct GradInputs {
   std::vector<float> grad_entropy;
 };
 
-// Backward of every shard into one [rows, x.cols] gradient buffer of x's dtype (stride
-// grad_stride, default x.cols). grad_logp must already be zero on inactive rows.
-inline Logits backward_sharded(const ShardKernels& kernels, const Logits& x,
-                               const TileGeometry& geometry, std::span<const int64_t> cuts,
-                               float temperature, std::span<const int64_t> targets,
-                               const ForwardResult& fwd, const GradInputs& g,
-                               int64_t grad_stride = -1) {
-  const int64_t rows = x.rows;
-  Logits grad(x.dtype, rows, x.cols, grad_stride);
+// A [rows, cols] buffer (stride `stride`, -1: cols) whose every element, padding included, holds
+// a poison pattern: a gradient element the kernels fail to write shows.
+inline Logits poisoned_logits(DType dtype, int64_t rows, int64_t cols, int64_t stride = -1) {
+  Logits out(dtype, rows, cols, stride);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < grad.row_stride; ++c) grad.set_raw(r, c, 0x5a5au);  // poison
+    for (int64_t c = 0; c < out.row_stride; ++c) out.set_raw(r, c, 0x5a5au);
   }
+  return out;
+}
+
+// Backward of every shard of x: each reads its columns through views(col_begin, cols) and writes
+// its columns of the gradient through grad_views(col_begin, cols).
+inline void backward_shards(const ShardKernels& kernels, const Logits& x, const ShardViews& views,
+                            const MutableShardViews& grad_views, const TileGeometry& geometry,
+                            std::span<const int64_t> cuts, float temperature,
+                            std::span<const int64_t> targets, const ForwardResult& fwd,
+                            const GradInputs& g) {
+  const int64_t rows = x.rows;
   for (const ShardRange& s : shard_ranges(x.cols, geometry.tile_width, cuts)) {
     const ShardSpec spec{s.col_begin, geometry, temperature};
-    std::vector<int64_t> local(static_cast<size_t>(rows), -1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = targets[static_cast<size_t>(r)];
-      if (t >= s.col_begin && t < s.col_begin + s.cols)
-        local[static_cast<size_t>(r)] = t - s.col_begin;
-    }
+    const std::vector<int64_t> local = local_targets(targets.first(static_cast<size_t>(rows)), s);
     BackwardInputs in;
     in.lse = fwd.lse;
     in.entropy = fwd.entropy;
@@ -151,9 +169,22 @@ inline Logits backward_sharded(const ShardKernels& kernels, const Logits& x,
     in.grad_logp = g.grad_logp;
     in.grad_lse = g.grad_lse;
     in.grad_entropy = g.grad_entropy;
-    kernels.backward(x.view_cols(s.col_begin, s.cols), spec, in,
-                     grad.mutable_view_cols(s.col_begin, s.cols));
+    kernels.backward(views(s.col_begin, s.cols), spec, in, grad_views(s.col_begin, s.cols));
   }
+}
+
+// Backward of every shard into one [rows, x.cols] gradient buffer of x's dtype (stride
+// grad_stride, default x.cols). grad_logp must already be zero on inactive rows.
+inline Logits backward_sharded(const ShardKernels& kernels, const Logits& x,
+                               const TileGeometry& geometry, std::span<const int64_t> cuts,
+                               float temperature, std::span<const int64_t> targets,
+                               const ForwardResult& fwd, const GradInputs& g,
+                               int64_t grad_stride = -1) {
+  Logits grad = poisoned_logits(x.dtype, x.rows, x.cols, grad_stride);
+  backward_shards(
+      kernels, x, [&](int64_t begin, int64_t cols) { return x.view_cols(begin, cols); },
+      [&](int64_t begin, int64_t cols) { return grad.mutable_view_cols(begin, cols); }, geometry,
+      cuts, temperature, targets, fwd, g);
   return grad;
 }
 
