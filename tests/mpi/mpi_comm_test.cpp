@@ -13,19 +13,13 @@
 
 #include "detlogp/errors.hpp"
 #include "detlogp/mpi_comm.hpp"
+#include "testing/comm_payload.hpp"
 
 namespace detlogp {
 namespace {
 
-std::byte payload_byte(int round, int rank, std::size_t i) {
-  return static_cast<std::byte>((round * 131 + rank * 31 + static_cast<int>(i) * 7 + 1) & 0xff);
-}
-
-std::vector<std::byte> payload(int round, int rank, std::size_t n) {
-  std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = payload_byte(round, rank, i);
-  return v;
-}
+using testing::payload;
+using testing::payload_byte;
 
 // Number of wrong bytes in recv against the expected concatenation.
 std::size_t wrong_bytes(const std::vector<std::byte>& recv, int round, int ranks, std::size_t n) {

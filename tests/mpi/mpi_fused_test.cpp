@@ -5,6 +5,7 @@
 
 #include "detlogp/fused.hpp"
 #include "detlogp/mpi_comm.hpp"
+#include "mpi_inputs.hpp"
 #include "op/fused_test_util.hpp"
 
 namespace detlogp::testing {
@@ -15,27 +16,13 @@ constexpr int64_t kReal = 200;
 constexpr int64_t kH = 37;
 constexpr int64_t kRows = 6;
 
-std::vector<int64_t> targets_for(int64_t rows) {
-  std::vector<int64_t> t(static_cast<std::size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) t[i] = (i * 61 + 7) % kReal;
-  return t;
-}
-
-GradInputs grads_for(int64_t rows) {
-  GradInputs g;
-  for (int64_t i = 0; i < rows; ++i) {
-    g.grad_logp.push_back(0.5f + 0.25f * static_cast<float>(i % 3));
-    g.grad_lse.push_back(-0.125f * static_cast<float>(i % 5));
-    g.grad_entropy.push_back(0.0625f * static_cast<float>(i % 4) - 0.1f);
-  }
-  return g;
-}
+std::vector<int64_t> targets_for(int64_t rows) { return spread_targets(rows, kReal, 61, 7); }
 
 void check_layout(Communicator& comm, const Layout& layout, DType dtype, const std::string& what) {
   const FullLogits hidden = make_matrix(dtype, kRows, kH, 5, 1.0f);
   const FullLogits weight = make_matrix(dtype, layout.padded, kH, 6, 0.5f);
   const std::vector<int64_t> targets = targets_for(kRows);
-  const GradInputs g = grads_for(kRows);
+  const GradInputs g = patterned_grads(kRows);
   const ContractOptions copt{.dtype = dtype, .tile_width = kW};
   const FusedRunOptions o{.fused = {.entropy = true, .exec = {.threads = 1}}, .grads = g};
   const Layout one{kReal, layout.padded, {{0, layout.padded}}};

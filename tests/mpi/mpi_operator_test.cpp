@@ -6,6 +6,7 @@
 
 #include "detlogp/mpi_comm.hpp"
 #include "detlogp/registry.hpp"
+#include "mpi_inputs.hpp"
 #include "op/op_test_util.hpp"
 
 namespace detlogp::testing {
@@ -27,21 +28,7 @@ Local tp1(const LogprobOp& op, const FullLogits& logits, const std::vector<int64
   return {std::move(run.ranks[0].result), std::move(run.grad)};
 }
 
-std::vector<int64_t> targets_for(int64_t rows) {
-  std::vector<int64_t> t(static_cast<std::size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) t[i] = (i * 7919 + 13) % kReal;
-  return t;
-}
-
-GradInputs grads_for(int64_t rows) {
-  GradInputs g;
-  for (int64_t i = 0; i < rows; ++i) {
-    g.grad_logp.push_back(0.5f + 0.25f * static_cast<float>(i % 3));
-    g.grad_lse.push_back(-0.125f * static_cast<float>(i % 5));
-    g.grad_entropy.push_back(0.0625f * static_cast<float>(i % 4) - 0.1f);
-  }
-  return g;
-}
+std::vector<int64_t> targets_for(int64_t rows) { return spread_targets(rows, kReal, 7919, 13); }
 
 // Runs forward + backward for this rank of `comm` (a TP group) and compares with `ref`.
 void check_rank(const LogprobOp& op, Communicator& comm, const FullLogits& logits,
@@ -88,7 +75,7 @@ TEST(MpiOperator, OneTpGroupBitwiseEqualsTp1) {
   const int64_t rows = 5;
   VocabParallelLogprob op(simd_kernels(), std::string(kCpuCanonicalBackendId));
   const auto targets = targets_for(rows);
-  const GradInputs g = grads_for(rows);
+  const GradInputs g = patterned_grads(rows);
   for (DType dtype : {DType::bf16, DType::fp16, DType::fp32}) {
     const ContractOptions copt{.dtype = dtype, .active = {true, false, true, true, true}};
     const auto ref = tp1(op, make_logits(dtype, rows, kReal, kReal, 9), targets, copt, g);
@@ -116,7 +103,7 @@ TEST(MpiOperator, TpTimesCpGroups) {
   VocabParallelLogprob op(simd_kernels(), std::string(kCpuCanonicalBackendId));
   const ContractOptions copt{.dtype = DType::bf16};
   const auto all_targets = targets_for(rows_total);
-  const GradInputs all_g = grads_for(rows_total);
+  const GradInputs all_g = patterned_grads(rows_total);
   const auto ref_all =
       tp1(op, make_logits(DType::bf16, rows_total, kReal, kReal, 4), all_targets, copt, all_g);
   // This CP rank's slice of the reference and of the inputs.

@@ -15,22 +15,15 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/errors.hpp"
+#include "testing/comm_payload.hpp"
 
 namespace detlogp {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Byte i of rank r's payload in collective number `round`: distinct per (round, rank, i).
-std::byte payload_byte(int round, int rank, std::size_t i) {
-  return static_cast<std::byte>((round * 131 + rank * 31 + static_cast<int>(i) * 7 + 1) & 0xff);
-}
-
-std::vector<std::byte> payload(int round, int rank, std::size_t n) {
-  std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = payload_byte(round, rank, i);
-  return v;
-}
+using testing::payload;
+using testing::payload_byte;
 
 // Checks recv == concat of payload(round, r, n) for r in [0, ranks). Returns a description of
 // the first difference (empty if none), so it can be called from rank threads.

@@ -15,10 +15,7 @@
 namespace detlogp {
 namespace {
 
-using testing::bits;
-using testing::ForwardResult;
-using testing::GradInputs;
-using testing::Logits;
+using namespace testing;  // the generators and the shard pipeline
 
 const ShardKernels& ref() { return reference_kernels(); }
 
