@@ -23,18 +23,11 @@ namespace detlogp::testing {
 // ------------------------------------------------------------------------------------------
 // Bits.
 
-inline uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+// The canon's own bit casts, under the short names the tests use.
+inline uint32_t bits(float f) { return canon::bits_of(f); }
+inline float from_bits(uint32_t u) { return canon::float_of(u); }
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
-inline constexpr uint32_t kCanonicalNan = 0x7fc00000u;
+inline constexpr uint32_t kCanonicalNan = canon::kCanonicalNanBits;
 
 // ------------------------------------------------------------------------------------------
 // A row-major logits (or gradient) buffer of any dtype, element (r, c) at r * row_stride + c.
