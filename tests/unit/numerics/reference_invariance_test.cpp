@@ -47,6 +47,25 @@ void expect_same_grad(const Logits& a, const Logits& b, int64_t cols) {
   }
 }
 
+// How the kernels store the fp32 gradient value v in `dtype`: narrowed to bf16 or fp16, or
+// canonicalized in fp32.
+uint32_t stored_bits(DType dtype, float v) {
+  if (dtype == DType::bf16) return canon::float_to_bf16(v);
+  if (dtype == DType::fp16) return canon::float_to_fp16(v);
+  return bits(canon::canonicalize(v));
+}
+
+// Every element (r, c), c < cols, of `got` holds stored_bits(got.dtype, want(r, c)).
+template <class Want>
+void expect_grad_stored(const Logits& got, int64_t cols, Want want) {
+  for (int64_t r = 0; r < got.rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(got.raw(r, c), stored_bits(got.dtype, want(r, c)))
+          << "grad[" << r << ", " << c << "]";
+    }
+  }
+}
+
 GradInputs random_grads(int64_t rows, std::span<const int64_t> targets, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   GradInputs g;
@@ -200,14 +219,8 @@ TEST(ReferenceInvariance, HalfInputsEqualTheirFp32Upcast) {
         const GradInputs grads = random_grads(s.rows, targets, rng);
         const Logits gh = testing::backward_sharded(ref(), x, g, cuts, tau, targets, f, grads);
         const Logits g32 = testing::backward_sharded(ref(), x32, g, cuts, tau, targets, f32, grads);
-        for (int64_t r = 0; r < s.rows; ++r) {
-          for (int64_t c = 0; c < s.padded; ++c) {
-            const float v = g32.get(r, c);
-            const uint32_t want =
-                dtype == DType::bf16 ? canon::float_to_bf16(v) : canon::float_to_fp16(v);
-            ASSERT_EQ(gh.raw(r, c), want) << "grad[" << r << ", " << c << "]";
-          }
-        }
+        ASSERT_NO_FATAL_FAILURE(
+            expect_grad_stored(gh, s.padded, [&](int64_t r, int64_t c) { return g32.get(r, c); }));
       }
     }
   }
@@ -236,15 +249,9 @@ TEST(ReferenceInvariance, TemperatureEqualsPreDividedInput) {
       const GradInputs grads = random_grads(s.rows, targets, rng);
       const Logits gx = testing::backward_sharded(ref(), x, g, cuts, tau, targets, fx, grads);
       const Logits gz = testing::backward_sharded(ref(), z, g, cuts, 1.0f, targets, fz, grads);
-      for (int64_t r = 0; r < s.rows; ++r) {
-        for (int64_t c = 0; c < s.padded; ++c) {
-          const float v = gz.get(r, c) / tau;  // padding: +0 / tau = +0
-          uint32_t want = bits(canon::canonicalize(v));
-          if (dtype == DType::bf16) want = canon::float_to_bf16(v);
-          if (dtype == DType::fp16) want = canon::float_to_fp16(v);
-          ASSERT_EQ(gx.raw(r, c), want) << "grad[" << r << ", " << c << "]";
-        }
-      }
+      // padding: +0 / tau = +0
+      ASSERT_NO_FATAL_FAILURE(expect_grad_stored(
+          gx, s.padded, [&](int64_t r, int64_t c) { return gz.get(r, c) / tau; }));
     }
   }
 }
