@@ -5,8 +5,9 @@
 #                   every ctest entry but those labelled long (unit, exhaustive, MPI, CLI,
 #                   Python, install, a fuzz smoke run, GPU)
 #   make test-long  the long tier, after make test (.ci/run runs both): the entries labelled
-#                   long (minutes of fuzzing, the install tests that compile the library again),
-#                   then the unit tests built and run under ASan+UBSan
+#                   long (minutes of fuzzing, the install tests that compile the library again,
+#                   the exhaustive check of the CUDA exp), then the unit tests built and run
+#                   under ASan+UBSan
 # Missing Debian packages are installed when run as root; otherwise scripts/install-deps.sh
 # lists them and stops. `make bench` runs the benchmarks reported in docs/benchmarks.md.
 
