@@ -245,13 +245,34 @@ def peers_fail_on_error(group):
         raise
 
 
+def _weak_group(group):
+    """A callable returning ``group`` that does not keep it alive (where the group takes a weak
+    reference). The communicators of a group are cached per group (weakly keyed), so a strong
+    reference from a communicator would keep the group, its sockets and its worker threads alive
+    after ``destroy_process_group`` until the interpreter exits, when gloo's threads may be
+    stopped in the middle of releasing a tensor (an abort at exit)."""
+    try:
+        return weakref.ref(group)
+    except TypeError:  # not weak-referenceable: kept, as the caches keep it by identity
+        return lambda: group
+
+
+def _alive(group_ref, name):
+    group = group_ref()
+    if group is None:
+        raise RuntimeError(f"{name}: the process group was destroyed; make a new communicator "
+                           "(or pass the new group) after init_process_group/new_group")
+    return group
+
+
 @dataclasses.dataclass(eq=False)
 class _Callbacks:
     """The Python half of a TorchDistributedComm (kept separate so the C++ object holds only
-    two bound methods). ``device``: None for CPU tensors, else where the bytes travel;
-    ``guard``: the group's _CallGuard."""
+    two bound methods). ``group_ref``: the process group, weakly (``_weak_group``);
+    ``device``: None for CPU tensors, else where the bytes travel; ``guard``: the group's
+    _CallGuard."""
 
-    group: object
+    group_ref: object
     rank: int
     size: int
     name: str
@@ -325,7 +346,8 @@ class _Callbacks:
             recv = torch.empty(self.size * m, dtype=torch.uint8, device=self.device)
         self._last = None
         outs = list(recv.split(m))
-        work = dist.all_gather(outs, send_t, group=self.group, async_op=True)
+        work = dist.all_gather(outs, send_t, group=_alive(self.group_ref, self.name),
+                               async_op=True)
         self._last = (work, outs, send_t, recv)
         self._wait(work, "all_gather")
         if self.device is not None:
@@ -341,7 +363,7 @@ class _Callbacks:
 
     def _barrier(self):
         self._last = None
-        work = _dist().barrier(group=self.group, async_op=True)
+        work = _dist().barrier(group=_alive(self.group_ref, self.name), async_op=True)
         self._last = work
         self._wait(work, "barrier")
 
@@ -358,7 +380,8 @@ class TorchDistributedComm(_detlogp.CallbackComm):
     ``group=`` to an op call to use it.
 
     The C++ side holds only the two bound methods of its ``_Callbacks`` (no reference back to
-    this object); ``group`` and the group's call guard are kept here.
+    this object); the group (weakly: it is cached per group, see ``_weak_group``) and the
+    group's call guard are kept here.
     """
 
     def __init__(self, group=None, device="auto", timeout=None):
@@ -377,11 +400,16 @@ class TorchDistributedComm(_detlogp.CallbackComm):
         backend = dist.get_backend(group)
         name = f"torch.distributed:{backend}"
         guard = _guard_of_group(group)
-        cb = _Callbacks(group, rank, size, name, timeout,
+        cb = _Callbacks(_weak_group(group), rank, size, name, timeout,
                         transport_device(backend) if device == "auto" else device, guard)
         super().__init__(rank, size, name, cb.all_gather, cb.barrier)
-        self.group = group
+        self._group_ref = cb.group_ref
         self.guard = guard
+
+    @property
+    def group(self):
+        """The process group (raises RuntimeError once it has been destroyed)."""
+        return _alive(self._group_ref, self.name)
 
 
 def communicator_for(group, tp_world_size):
