@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "detlogp/comm.hpp"
+#include "detlogp/contract.hpp"
 
 namespace detlogp::cli {
 
@@ -29,7 +30,7 @@ struct RunOptions {
   std::string dtype = "bf16";
   std::string tp;  // in-process: a list (empty: 1,2,4); MPI: one degree (empty: world / cp)
   int64_t cp = 1;
-  int64_t tile_width = 128;
+  int64_t tile_width = detlogp::kDefaultTileWidth;
   int threads = 0;  // 0: all hardware threads, split across the ranks of a group
   uint64_t batch_key = 2026;
   float temperature = 1.0f;

@@ -12,8 +12,8 @@ namespace detlogp {
 // The tile structure of the whole vocabulary. Depends only on the real vocabulary R and the
 // tile width W, never on the padded size or the TP layout.
 struct TileGeometry {
-  int64_t real_vocab = 0;    // R: columns [R, padded) are padding and never contribute
-  int64_t tile_width = 128;  // W
+  int64_t real_vocab = 0;  // R: columns [R, padded) are padding and never contribute
+  int64_t tile_width = 0;  // W, always the contract's (its default: kDefaultTileWidth)
 
   // T = ceil(R / W), written so that no intermediate overflows. Requires tile_width > 0.
   int64_t num_real_tiles() const {
