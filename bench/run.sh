@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks of docs/benchmarks.md: bench/run.sh <build-dir>
-# (built by `make build`; `make bench` calls this). PyTorch is Debian's python3-torch, run with
+# (`make bench` builds them into build/ and calls this). PyTorch is Debian's python3-torch, run with
 # /usr/bin/python3. Environment: ROWS (1024), THREADS (2), REPS (5).
 set -euo pipefail
 build="${1:-build}"
