@@ -209,6 +209,26 @@ INSTANTIATE_TEST_SUITE_P(, SimdTarget, ::testing::ValuesIn(simd_targets()),
 // ---------------------------------------------------------------------------------------------
 // Forward: node partials and roots.
 
+// One shard at vocab_start 0 as the forward and backward cases build it: adversarial logits
+// with `pad` garbage columns after each row, the spec, and the canonical cover of all its tiles.
+struct CaseShard {
+  Matrix m;
+  ShardSpec spec;
+  std::vector<TreeNode> cover;
+};
+
+CaseShard case_shard(DType dtype, int64_t tile_width, int64_t real_vocab, int64_t cols,
+                     int64_t rows, float temperature, uint64_t stream, int64_t pad) {
+  CaseShard s;
+  const std::vector<float> values = adversarial_values(rows, cols, real_vocab, stream);
+  s.m = make_matrix(values, rows, cols, cols + pad, dtype);
+  s.spec.geometry = TileGeometry{real_vocab, tile_width};
+  s.spec.temperature = temperature;
+  const int64_t tiles = (cols + tile_width - 1) / tile_width;
+  s.cover = canonical_cover(s.spec.geometry, 0, tiles);
+  return s;
+}
+
 struct ForwardCase {
   DType dtype;
   int64_t tile_width;
@@ -232,13 +252,11 @@ void check_forward(const ForwardCase& fc, const ShardKernels& k) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(fc.dtype)) + " W " +
                std::to_string(fc.tile_width) + " R " + std::to_string(fc.real_vocab) + " cols " +
                std::to_string(fc.cols) + " tau " + std::to_string(fc.temperature));
-  const std::vector<float> values = adversarial_values(fc.rows, fc.cols, fc.real_vocab, fc.stream);
-  const Matrix m = make_matrix(values, fc.rows, fc.cols, fc.cols + 5, fc.dtype);
-  ShardSpec spec;
-  spec.geometry = TileGeometry{fc.real_vocab, fc.tile_width};
-  spec.temperature = fc.temperature;
-  const int64_t tiles = (fc.cols + fc.tile_width - 1) / fc.tile_width;
-  const std::vector<TreeNode> cover = canonical_cover(spec.geometry, 0, tiles);
+  const CaseShard shard = case_shard(fc.dtype, fc.tile_width, fc.real_vocab, fc.cols, fc.rows,
+                                     fc.temperature, fc.stream, 5);
+  const Matrix& m = shard.m;
+  const ShardSpec& spec = shard.spec;
+  const std::vector<TreeNode>& cover = shard.cover;
   // Every leaf too, and every level's first node (nodes partly beyond T).
   std::vector<TreeNode> many = cover;
   const int64_t real_tiles = spec.geometry.num_real_tiles();
@@ -419,14 +437,12 @@ void check_backward(const BackwardCase& bc, const ShardKernels& k) {
                std::to_string(bc.tile_width) + " R " + std::to_string(bc.real_vocab) + " tau " +
                std::to_string(bc.temperature) + " grads " + std::to_string(bc.logp) +
                std::to_string(bc.lse) + std::to_string(bc.entropy));
-  const std::vector<float> values = adversarial_values(bc.rows, bc.cols, bc.real_vocab, bc.stream);
-  const Matrix m = make_matrix(values, bc.rows, bc.cols, bc.cols + 3, bc.dtype);
-  ShardSpec spec;
-  spec.geometry = TileGeometry{bc.real_vocab, bc.tile_width};
-  spec.temperature = bc.temperature;
+  const CaseShard shard = case_shard(bc.dtype, bc.tile_width, bc.real_vocab, bc.cols, bc.rows,
+                                     bc.temperature, bc.stream, 3);
+  const Matrix& m = shard.m;
+  const ShardSpec& spec = shard.spec;
+  const std::vector<TreeNode>& cover = shard.cover;
   // Roots from the reference forward; a few rows get arbitrary non-finite roots.
-  const int64_t tiles = (bc.cols + bc.tile_width - 1) / bc.tile_width;
-  const std::vector<TreeNode> cover = canonical_cover(spec.geometry, 0, tiles);
   const auto parts = partials_of(reference_kernels(), m.view(), spec, cover, true);
   std::vector<float> lse(static_cast<size_t>(bc.rows)), h(lse.size());
   reference_kernels().merge_roots(spec.geometry, cover, parts, bc.rows, RootsOut{lse, h});
