@@ -51,12 +51,13 @@ double fp16_value(uint16_t h, bool* is_nan) {
   return sign ? -v : v;
 }
 
-TEST(DtypeWiden, EveryBf16PatternIsExact) {
+// Widening `widen` gives, for every 16-bit pattern, the value of its fields (`value`); -0 stays -0.
+void expect_widening_exact(double (*value)(uint16_t, bool*), float (*widen)(uint16_t)) {
   for (uint32_t b = 0; b <= 0xffffu; ++b) {
     const auto h = static_cast<uint16_t>(b);
     bool nan = false;
-    const double want = bf16_value(h, &nan);
-    const float got = canon::bf16_to_float(h);
+    const double want = value(h, &nan);
+    const float got = widen(h);
     if (nan) {
       EXPECT_TRUE(std::isnan(got)) << b;
       continue;
@@ -66,19 +67,12 @@ TEST(DtypeWiden, EveryBf16PatternIsExact) {
   }
 }
 
+TEST(DtypeWiden, EveryBf16PatternIsExact) {
+  expect_widening_exact(bf16_value, canon::bf16_to_float);
+}
+
 TEST(DtypeWiden, EveryFp16PatternIsExact) {
-  for (uint32_t b = 0; b <= 0xffffu; ++b) {
-    const auto h = static_cast<uint16_t>(b);
-    bool nan = false;
-    const double want = fp16_value(h, &nan);
-    const float got = canon::fp16_to_float(h);
-    if (nan) {
-      EXPECT_TRUE(std::isnan(got)) << b;
-      continue;
-    }
-    EXPECT_EQ(static_cast<double>(got), want) << b;
-    EXPECT_EQ(std::signbit(got), (b & 0x8000u) != 0) << b;
-  }
+  expect_widening_exact(fp16_value, canon::fp16_to_float);
 }
 
 // Independent round-to-nearest-even narrowing: the non-negative finite values of the format,
@@ -149,23 +143,25 @@ std::vector<float> narrowing_inputs(const Narrower& n) {
   return xs;
 }
 
-TEST(DtypeNarrow, Bf16RoundsToNearestEven) {
-  const Narrower want = make_narrower(true);
-  int64_t checked = 0;
+// `narrow` agrees with the independent search on every rounding-stress input; counts them.
+void expect_rounds_to_nearest_even(bool bf16, uint16_t (*narrow)(float), int64_t* checked) {
+  const Narrower want = make_narrower(bf16);
   for (float x : narrowing_inputs(want)) {
-    const uint16_t got = canon::float_to_bf16(x);
+    const uint16_t got = narrow(x);
     ASSERT_EQ(got, want(x)) << "x = " << x << " bits 0x" << std::hex << bits(x);
-    ++checked;
+    ++*checked;
   }
+}
+
+TEST(DtypeNarrow, Bf16RoundsToNearestEven) {
+  int64_t checked = 0;
+  expect_rounds_to_nearest_even(true, canon::float_to_bf16, &checked);
   EXPECT_GT(checked, 4000000);
 }
 
 TEST(DtypeNarrow, Fp16RoundsToNearestEven) {
-  const Narrower want = make_narrower(false);
-  for (float x : narrowing_inputs(want)) {
-    const uint16_t got = canon::float_to_fp16(x);
-    ASSERT_EQ(got, want(x)) << "x = " << x << " bits 0x" << std::hex << bits(x);
-  }
+  int64_t checked = 0;
+  expect_rounds_to_nearest_even(false, canon::float_to_fp16, &checked);
 }
 
 TEST(DtypeNarrow, NamedCases) {

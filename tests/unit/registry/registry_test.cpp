@@ -78,6 +78,13 @@ Backend reference_backend(const std::string& name, const std::string& id) {
                  [id] { return std::make_shared<VocabParallelLogprob>(reference_kernels(), id); }};
 }
 
+// Registers the reference op as backend `name` with id `id` and a capability that accepts every
+// contract of these tests.
+void register_full_reference(Registry& r, const std::string& name, const std::string& id) {
+  r.register_logprob_backend(reference_backend(name, id),
+                             full_cap(id, ImplementationKind::reference));
+}
+
 std::string dispatch_error(Registry& r, const LogprobContract& c, std::string_view req = "auto") {
   try {
     r.get_logprob_op(c, req);
@@ -108,8 +115,7 @@ TEST(Registry, ReferencePolicySkipsSingleShardWithFallbackAndReasons) {
   Registry r;
   r.register_logprob_backend(reference_backend("SINGLE_SHARD_REF", "single-shard-ref"),
                              single_shard_cap("single-shard-ref", ImplementationKind::reference));
-  r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
-                             full_cap("vp-ref", ImplementationKind::reference));
+  register_full_reference(r, "VP_REF", "vp-ref");
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
   EXPECT_EQ(d.actual_backend, "vp-ref");
   EXPECT_TRUE(d.fallback);
@@ -126,17 +132,14 @@ TEST(Registry, CandidateWithoutCapabilityIsRejectedAsFallback) {
   r.add_contract_candidate(reference_backend("NATIVE", "native"));
   EXPECT_THAT(dispatch_error(r, qwen_tp2()),
               HasSubstr("NATIVE: no LogprobBackendCapability declared"));
-  r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
-                             full_cap("vp-ref", ImplementationKind::reference));
+  register_full_reference(r, "VP_REF", "vp-ref");
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
   EXPECT_TRUE(d.fallback);  // a missing capability always counts, even before the policy filter
 }
 
 TEST(Registry, ProvenanceOfACompatibleBackend) {
   Registry r;
-  r.register_logprob_backend(
-      reference_backend("TEST_TP", "test-deterministic-tp-logprob"),
-      full_cap("test-deterministic-tp-logprob", ImplementationKind::reference));
+  register_full_reference(r, "TEST_TP", "test-deterministic-tp-logprob");
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "reference");
   EXPECT_FALSE(d.fallback);
   const auto j = nlohmann::json::parse(d.provenance_json);
@@ -164,10 +167,8 @@ TEST(Registry, ProvenanceOfACompatibleBackend) {
 
 TEST(Registry, PolicySkipIsNotAFallbackButCapabilitySkipIs) {
   Registry r;
-  r.register_logprob_backend(reference_backend("OTHER", "other-id"),
-                             full_cap("other-id", ImplementationKind::reference));
-  r.register_logprob_backend(reference_backend("WANTED", "wanted-id"),
-                             full_cap("wanted-id", ImplementationKind::reference));
+  register_full_reference(r, "OTHER", "other-id");
+  register_full_reference(r, "WANTED", "wanted-id");
   const DispatchResult d = r.get_logprob_op(qwen_tp2(), "wanted-id");
   EXPECT_FALSE(d.fallback);
   EXPECT_EQ(d.prior_rejections.size(), 1u);
@@ -184,8 +185,7 @@ TEST(Registry, PolicySkipIsNotAFallbackButCapabilitySkipIs) {
                          .exports_vocab_lse = true,
                          .determinism_scopes = {DeterminismScope::cross_tp_bitwise},
                          .implementation_kind = ImplementationKind::reference}));
-  r2.register_logprob_backend(reference_backend("ANY", "any-tp"),
-                              full_cap("any-tp", ImplementationKind::reference));
+  register_full_reference(r2, "ANY", "any-tp");
   const DispatchResult d2 = r2.get_logprob_op(qwen_tp2());
   EXPECT_TRUE(d2.fallback);
   ASSERT_FALSE(d2.prior_rejections.empty());
@@ -385,8 +385,7 @@ TEST(Registry, ConcurrentDispatchAndRegistration) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 200; ++i) {
         if (t == 0 && i % 20 == 0) {
-          r->register_logprob_backend(reference_backend("EXTRA_" + std::to_string(i), "extra"),
-                                      full_cap("extra", ImplementationKind::reference));
+          register_full_reference(*r, "EXTRA_" + std::to_string(i), "extra");
         }
         const DispatchResult d = r->get_logprob_op(c, i % 2 ? "auto" : "reference");
         ok += d.op != nullptr;
