@@ -59,14 +59,24 @@ void commit_pair(const std::filesystem::path& a, std::string_view a_text,
   commit_all(both);
 }
 
+// What the commit tests write: new tensors to out.safetensors, new provenance to out.json.
+void commit_new_pair(const ScratchDir& dir) {
+  commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
+}
+
+// After a commit that succeeded: both files hold the new text and nothing else is left.
+void expect_new_pair(const ScratchDir& dir) {
+  EXPECT_EQ(read_file(dir / "out.safetensors"), "new tensors");
+  EXPECT_EQ(read_file(dir / "out.json"), "new provenance");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
+}
+
 TEST(CommitAll, BothNewFilesOnSuccessAndNoLeftovers) {
   ScratchDir dir;
   write_file(dir / "out.safetensors", "old tensors");
   write_file(dir / "out.json", "old provenance");
-  commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
-  EXPECT_EQ(read_file(dir / "out.safetensors"), "new tensors");
-  EXPECT_EQ(read_file(dir / "out.json"), "new provenance");
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
+  commit_new_pair(dir);
+  expect_new_pair(dir);
 }
 
 TEST(CommitAll, RenameFailureAfterTheFirstRenameRestoresTheOldFiles) {
@@ -76,7 +86,7 @@ TEST(CommitAll, RenameFailureAfterTheFirstRenameRestoresTheOldFiles) {
   write_file(dir / "out.json", "old provenance");
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "rename:out.json");
   try {
-    commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
+    commit_new_pair(dir);
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
@@ -97,19 +107,15 @@ TEST(CommitAll, OldFilesRenamedAsideWhereLinkIsRefusedAreRemovedAfterACommit) {
   write_file(dir / "out.safetensors", "old tensors");
   write_file(dir / "out.json", "old provenance");
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "link:out.json");
-  commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
-  EXPECT_EQ(read_file(dir / "out.safetensors"), "new tensors");
-  EXPECT_EQ(read_file(dir / "out.json"), "new provenance");
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
+  commit_new_pair(dir);
+  expect_new_pair(dir);
 }
 
 TEST(CommitAll, ANewFirstFileIsRemovedAgainWhenTheSecondFails) {
   ScratchDir dir;
   write_file(dir / "out.json", "old provenance");
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "rename:out.json");
-  EXPECT_THROW(
-      commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance"),
-      std::runtime_error);
+  EXPECT_THROW(commit_new_pair(dir), std::runtime_error);
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json"}));
   EXPECT_EQ(read_file(dir / "out.json"), "old provenance");
 }
@@ -119,7 +125,7 @@ TEST(CommitAll, DiskFullWhileWritingNamesThePathAndKeepsTheOldFile) {
   write_file(dir / "out.json", "old provenance");
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "write:out.json");
   try {
-    commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
+    commit_new_pair(dir);
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
