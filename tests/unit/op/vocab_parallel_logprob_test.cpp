@@ -322,43 +322,35 @@ TEST(VocabParallelLogprob, PreflightMismatchesFailOnEveryRank) {
   auto logits = make_logits(DType::fp32, rows, real, padded, 1);
   const auto targets = random_targets(rows, real, 2);
   const Layout layout{real, padded, {{0, 512}, {512, 1024}}};
+  // Each rank runs its own shard of `layout` under its own contract options.
+  const auto forward_own_shard = [&](Communicator& comm, const ContractOptions& o,
+                                     const ForwardOptions& f) {
+    auto c = make_contract(layout, comm.rank(), rows, o);
+    auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
+    op.forward(logits.shard(b.start, b.end), targets, c, comm, f);
+  };
   for (bool validate : {true, false}) {
     const ForwardOptions fopt{.validate = validate};
     // Tile width differs (both aligned locally).
     expect_all_ranks_fail(2, [&](Communicator& comm) {
-      ContractOptions o{.tile_width = comm.rank() == 0 ? 64 : 128};
-      auto c = make_contract(layout, comm.rank(), rows, o);
-      auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
-      op.forward(logits.shard(b.start, b.end), targets, c, comm, fopt);
+      forward_own_shard(comm, {.tile_width = comm.rank() == 0 ? 64 : 128}, fopt);
     });
     // Mask differs.
     expect_all_ranks_fail(2, [&](Communicator& comm) {
-      ContractOptions o{.active = {true, comm.rank() == 0, true, true}};
-      auto c = make_contract(layout, comm.rank(), rows, o);
-      auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
-      op.forward(logits.shard(b.start, b.end), targets, c, comm, fopt);
+      forward_own_shard(comm, {.active = {true, comm.rank() == 0, true, true}}, fopt);
     });
     // Contract differs (temperature).
     expect_all_ranks_fail(2, [&](Communicator& comm) {
-      ContractOptions o{.temperature = comm.rank() == 0 ? 1.0f : 0.7f};
-      auto c = make_contract(layout, comm.rank(), rows, o);
-      auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
-      op.forward(logits.shard(b.start, b.end), targets, c, comm, fopt);
+      forward_own_shard(comm, {.temperature = comm.rank() == 0 ? 1.0f : 0.7f}, fopt);
     });
     // Deterministic mode differs (fixed_topology so that false is legal).
     expect_all_ranks_fail(2, [&](Communicator& comm) {
-      ContractOptions o{.scope = DeterminismScope::fixed_topology};
-      auto c = make_contract(layout, comm.rank(), rows, o);
-      auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
-      op.forward(logits.shard(b.start, b.end), targets, c, comm,
-                 {.deterministic = comm.rank() == 0, .validate = validate});
+      forward_own_shard(comm, {.scope = DeterminismScope::fixed_topology},
+                        {.deterministic = comm.rank() == 0, .validate = validate});
     });
     // Entropy requested on one rank only (it changes the payload size).
     expect_all_ranks_fail(2, [&](Communicator& comm) {
-      auto c = make_contract(layout, comm.rank(), rows, {});
-      auto b = layout.bounds[static_cast<std::size_t>(comm.rank())];
-      op.forward(logits.shard(b.start, b.end), targets, c, comm,
-                 {.validate = validate, .entropy = comm.rank() == 0});
+      forward_own_shard(comm, {}, {.validate = validate, .entropy = comm.rank() == 0});
     });
     // One rank's contract says TP=1 (its whole-vocabulary shard) while the other says TP=2.
     expect_all_ranks_fail(2, [&](Communicator& comm) {
