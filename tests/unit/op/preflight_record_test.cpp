@@ -52,12 +52,42 @@ void expect_named(const std::vector<std::string>& errors, const std::string& par
   EXPECT_EQ(errors[0], errors[1]) << "every rank reports the same disagreement";
 }
 
-TEST(PreflightRecord, NamesTheMask) {
-  expect_named(messages([](Communicator& comm) {
-                 ContractOptions o{.active = {true, comm.rank() == 0, true, true, true, true}};
-                 forward(comm, o, kRows, targets());
-               }),
-               "mask", "(num_tokens=6 active=6", "(num_tokens=6 active=5");
+// One part of the call differs between the ranks (a contract option or the row count); the
+// preflight names that part with both ranks' values.
+struct Disagreement {
+  std::string part;
+  ContractOptions options0, options1;  // rank 0's and rank 1's
+  std::string value0, value1;          // how the message shows them
+  int64_t rows0 = kRows, rows1 = kRows;
+};
+
+TEST(PreflightRecord, NamesTheDifferingPart) {
+  const std::vector<Disagreement> cases = {
+      {"mask",
+       {.active = {true, true, true, true, true, true}},
+       {.active = {true, false, true, true, true, true}},
+       "(num_tokens=6 active=6",
+       "(num_tokens=6 active=5"},
+      // (the differing field shows in the values: cross_tp_bitwise vs fixed_topology)
+      {"reduction",
+       {.scope = DeterminismScope::cross_tp_bitwise},
+       {.scope = DeterminismScope::fixed_topology},
+       "(max_sumexp/",
+       "(max_sumexp/"},
+      {"temperature", {.temperature = 1.0f}, {.temperature = 0.5f}, "1.0", "0.5"},
+      {"dtype", {.dtype = DType::fp32}, {.dtype = DType::bf16}, "fp32", "bf16"},
+      {"tile width", {.tile_width = 64}, {.tile_width = 128}, "64", "128"},
+      {"row count", {}, {}, "6", "5", kRows, kRows - 1},
+  };
+  for (const Disagreement& d : cases) {
+    SCOPED_TRACE(d.part);
+    expect_named(messages([&](Communicator& comm) {
+                   const bool first = comm.rank() == 0;
+                   forward(comm, first ? d.options0 : d.options1, first ? d.rows0 : d.rows1,
+                           targets());
+                 }),
+                 d.part, d.value0, d.value1);
+  }
 }
 
 TEST(PreflightRecord, NamesTheSharding) {
@@ -67,45 +97,6 @@ TEST(PreflightRecord, NamesTheSharding) {
                }),
                "sharding", "(tp_world_size=2 cp_world_size=1 real_vocab_size=1000",
                "(tp_world_size=2 cp_world_size=1 real_vocab_size=999");
-}
-
-TEST(PreflightRecord, NamesTheReduction) {
-  expect_named(messages([](Communicator& comm) {
-                 ContractOptions o{.scope = comm.rank() == 0 ? DeterminismScope::cross_tp_bitwise
-                                                             : DeterminismScope::fixed_topology};
-                 forward(comm, o, kRows, targets());
-               }),
-               "reduction", "(max_sumexp/", "(max_sumexp/");
-  // (the differing field shows in the values: cross_tp_bitwise vs fixed_topology)
-}
-
-TEST(PreflightRecord, NamesTheTemperature) {
-  expect_named(messages([](Communicator& comm) {
-                 forward(comm, {.temperature = comm.rank() == 0 ? 1.0f : 0.5f}, kRows, targets());
-               }),
-               "temperature", "1.0", "0.5");
-}
-
-TEST(PreflightRecord, NamesTheDtype) {
-  expect_named(messages([](Communicator& comm) {
-                 forward(comm, {.dtype = comm.rank() == 0 ? DType::fp32 : DType::bf16}, kRows,
-                         targets());
-               }),
-               "dtype", "fp32", "bf16");
-}
-
-TEST(PreflightRecord, NamesTheTileWidth) {
-  expect_named(messages([](Communicator& comm) {
-                 forward(comm, {.tile_width = comm.rank() == 0 ? 64 : 128}, kRows, targets());
-               }),
-               "tile width", "64", "128");
-}
-
-TEST(PreflightRecord, NamesTheRowCount) {
-  expect_named(messages([](Communicator& comm) {
-                 forward(comm, {}, comm.rank() == 0 ? kRows : kRows - 1, targets());
-               }),
-               "row count", "6", "5");
 }
 
 TEST(PreflightRecord, NamesTheTargets) {
