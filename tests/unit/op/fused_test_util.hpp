@@ -4,8 +4,6 @@
 // fp32 logits of linear_logits.
 
 #include <cstdint>
-#include <cstring>
-#include <random>
 #include <vector>
 
 #include "detlogp/comm.hpp"
@@ -14,25 +12,10 @@
 
 namespace detlogp::testing {
 
-// A [rows, cols] matrix in `dtype` made from fp32 values narrowed with the canon's rounding.
+// A [rows, cols] matrix in `dtype` made from Gaussian fp32 values * scale narrowed with the canon's
+// rounding: the logits generator with no padding columns.
 inline FullLogits make_matrix(DType dtype, int64_t rows, int64_t cols, uint32_t salt, float scale) {
-  std::mt19937 gen(salt);
-  std::normal_distribution<float> normal(0.0f, scale);
-  FullLogits m;
-  m.dtype = dtype;
-  m.rows = rows;
-  m.cols = cols;
-  std::vector<float> v(static_cast<std::size_t>(rows * cols));
-  for (float& x : v) x = normal(gen);
-  if (dtype == DType::fp32) {
-    m.f32 = std::move(v);
-  } else {
-    m.half.resize(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      m.half[i] = dtype == DType::bf16 ? canon::float_to_bf16(v[i]) : canon::float_to_fp16(v[i]);
-    }
-  }
-  return m;
+  return make_logits(dtype, rows, cols, cols, salt, scale);
 }
 
 // The exact fp32 upcast of a matrix.
