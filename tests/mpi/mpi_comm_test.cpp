@@ -18,6 +18,7 @@
 namespace detlogp {
 namespace {
 
+using testing::all_gather_in_place;
 using testing::payload;
 using testing::payload_byte;
 
@@ -63,12 +64,7 @@ TEST(MpiComm, AllGatherInPlaceAndTyped) {
   MpiComm world = MpiComm::world();
   const int n = world.size();
   const std::size_t bytes = 40;
-  std::vector<std::byte> buf(bytes * n, std::byte{0xEE});
-  auto mine = payload(5, world.rank(), bytes);
-  std::copy(mine.begin(), mine.end(), buf.begin() + world.rank() * bytes);
-  std::span<std::byte> all(buf);
-  world.all_gather(all.subspan(world.rank() * bytes, bytes), all);
-  EXPECT_EQ(wrong_bytes(buf, 5, n, bytes), 0u);
+  EXPECT_EQ(wrong_bytes(all_gather_in_place(world, 5, bytes), 5, n, bytes), 0u);
 
   std::vector<double> send = {world.rank() + 0.25, -1.0 * world.rank()};
   std::vector<double> recv(2 * n);

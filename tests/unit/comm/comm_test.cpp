@@ -22,6 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
+using testing::all_gather_in_place;
 using testing::payload;
 using testing::payload_byte;
 
@@ -141,12 +142,7 @@ TEST(InProcess, InPlaceAllGather) {
   for (int n : {1, 2, 3, 5}) {
     run_ranks(n, [&](Communicator& c) {
       const std::size_t bytes = 24;
-      std::vector<std::byte> buf(bytes * n, std::byte{0xEE});
-      auto mine = payload(1, c.rank(), bytes);
-      std::copy(mine.begin(), mine.end(), buf.begin() + c.rank() * bytes);
-      std::span<std::byte> all(buf);
-      c.all_gather(all.subspan(c.rank() * bytes, bytes), all);
-      EXPECT_EQ(check_gathered(buf, 1, n, bytes), "");
+      EXPECT_EQ(check_gathered(all_gather_in_place(c, 1, bytes), 1, n, bytes), "");
     });
   }
 }
