@@ -251,12 +251,9 @@ TEST(Incompatibilities, DeterminismScope) {
 }
 
 TEST(Incompatibilities, ReductionOrder) {
-  const LogprobContract shard_index_order(
-      {.role = Role::train,
-       .dtype = DType::bf16,
-       .mask = qwen3_mask(),
-       .sharding = qwen3_sharding(),
-       .reduction = ReductionSpec({.order = ReductionOrder::global_vocab_shard_index})});
+  ContractParams params = qwen3_params();
+  params.reduction = ReductionSpec({.order = ReductionOrder::global_vocab_shard_index});
+  const LogprobContract shard_index_order(params);
   auto p = full_params();
   EXPECT_EQ(BackendCapability(p).incompatibilities(shard_index_order),
             (Reasons{"order=global_vocab_shard_index is unsupported"}));

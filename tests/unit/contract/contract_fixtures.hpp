@@ -32,11 +32,15 @@ inline ShardingSpec qwen3_sharding(int64_t tp_rank = 0, int64_t cp_rank = 0) {
 }
 
 // The Qwen3-8B example contract: TP=2, CP=2, bf16, train, detlogp defaults.
+inline ContractParams qwen3_params(int64_t tp_rank = 0, int64_t cp_rank = 0) {
+  return {.role = Role::train,
+          .dtype = DType::bf16,
+          .mask = qwen3_mask(),
+          .sharding = qwen3_sharding(tp_rank, cp_rank)};
+}
+
 inline LogprobContract qwen3_contract(int64_t tp_rank = 0, int64_t cp_rank = 0) {
-  return LogprobContract({.role = Role::train,
-                          .dtype = DType::bf16,
-                          .mask = qwen3_mask(),
-                          .sharding = qwen3_sharding(tp_rank, cp_rank)});
+  return LogprobContract(qwen3_params(tp_rank, cp_rank));
 }
 
 // Runs `fn` and expects a ContractError whose message contains `phrase`.

@@ -78,12 +78,9 @@ TEST(ContractJson, ReductionAndOutputBlocks) {
 }
 
 TEST(ContractJson, SharedPartIsByteIdenticalToTheCompatibleContract) {
-  const LogprobContract c(
-      {.role = Role::train,
-       .dtype = DType::bf16,
-       .mask = qwen3_mask(),
-       .sharding = qwen3_sharding(),
-       .reduction = ReductionSpec({.order = ReductionOrder::global_vocab_shard_index})});
+  ContractParams params = qwen3_params();
+  params.reduction = ReductionSpec({.order = ReductionOrder::global_vocab_shard_index});
+  const LogprobContract c(params);
   nlohmann::json j = contract_to_json(c);
   for (const char* key : {"tp_rank", "cp_rank", "local_vocab_start", "local_vocab_end"}) {
     ASSERT_EQ(j["sharding"].erase(key), 1u) << key;
@@ -199,26 +196,19 @@ TEST(Fingerprint, ChangesWithEveryNumericsRelevantField) {
 
 TEST(Fingerprint, SameContractSameFingerprint) {
   // Equal values built two ways give equal fingerprints (tile width via W or via a tile count).
-  const LogprobContract by_width({.role = Role::train,
-                                  .dtype = DType::bf16,
-                                  .mask = qwen3_mask(),
-                                  .sharding = qwen3_sharding(),
-                                  .tile_width = 128});
-  const LogprobContract by_count({.role = Role::train,
-                                  .dtype = DType::bf16,
-                                  .mask = qwen3_mask(),
-                                  .sharding = qwen3_sharding(1, 0),
-                                  .num_vocab_tiles = 1188});
+  ContractParams width = qwen3_params();
+  width.tile_width = 128;
+  ContractParams count = qwen3_params(1, 0);
+  count.num_vocab_tiles = 1188;
+  const LogprobContract by_width(width), by_count(count);
   EXPECT_EQ(by_width.cross_rank_fingerprint(), kQwen3Fingerprint);
   EXPECT_EQ(by_count.cross_rank_fingerprint(), kQwen3Fingerprint);
 }
 
 TEST(ContractJson, TemperatureIsTheFloatWidenedToDouble) {
-  const LogprobContract c({.role = Role::train,
-                           .dtype = DType::bf16,
-                           .mask = qwen3_mask(),
-                           .sharding = qwen3_sharding(),
-                           .temperature = 0.7f});
+  ContractParams params = qwen3_params();
+  params.temperature = 0.7f;
+  const LogprobContract c(params);
   EXPECT_NE(c.to_json().find(R"("temperature":0.699999988079071})"), std::string::npos)
       << c.to_json();
   EXPECT_EQ(nlohmann::json::parse(c.to_json()).at("temperature").get<double>(),
