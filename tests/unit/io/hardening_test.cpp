@@ -64,26 +64,30 @@ void commit_new_pair(const ScratchDir& dir) {
   commit_pair(dir / "out.safetensors", "new tensors", dir / "out.json", "new provenance");
 }
 
-// After a commit that succeeded: both files hold the new text and nothing else is left.
-void expect_new_pair(const ScratchDir& dir) {
-  EXPECT_EQ(read_file(dir / "out.safetensors"), "new tensors");
-  EXPECT_EQ(read_file(dir / "out.json"), "new provenance");
+// The old pair a commit test starts from.
+void write_old_pair(const ScratchDir& dir, const std::string& tensors = "old tensors") {
+  write_file(dir / "out.safetensors", tensors);
+  write_file(dir / "out.json", "old provenance");
+}
+
+// Both files hold the given text (byte for byte) and nothing else is left, no temporary file.
+void expect_pair(const ScratchDir& dir, const std::string& tensors, const std::string& provenance) {
+  EXPECT_EQ(read_file(dir / "out.safetensors"), tensors);
+  EXPECT_EQ(read_file(dir / "out.json"), provenance);
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
 }
 
 TEST(CommitAll, BothNewFilesOnSuccessAndNoLeftovers) {
   ScratchDir dir;
-  write_file(dir / "out.safetensors", "old tensors");
-  write_file(dir / "out.json", "old provenance");
+  write_old_pair(dir);
   commit_new_pair(dir);
-  expect_new_pair(dir);
+  expect_pair(dir, "new tensors", "new provenance");
 }
 
 TEST(CommitAll, RenameFailureAfterTheFirstRenameRestoresTheOldFiles) {
   ScratchDir dir;
   const std::string old_out = std::string("old tensors \0 with a NUL", 24);
-  write_file(dir / "out.safetensors", old_out);
-  write_file(dir / "out.json", "old provenance");
+  write_old_pair(dir, old_out);
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "rename:out.json");
   try {
     commit_new_pair(dir);
@@ -95,20 +99,17 @@ TEST(CommitAll, RenameFailureAfterTheFirstRenameRestoresTheOldFiles) {
     EXPECT_NE(what.find("left as before: " + (dir / "out.safetensors").string()), std::string::npos)
         << what;
   }
-  EXPECT_EQ(read_file(dir / "out.safetensors"), old_out);  // byte-identical
-  EXPECT_EQ(read_file(dir / "out.json"), "old provenance");
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
+  expect_pair(dir, old_out, "old provenance");  // byte-identical
 }
 
 // Where link() is refused (protected hardlinks, no hard links), the old file is renamed aside
 // instead; a successful commit removes it like a link, a failed one puts it back.
 TEST(CommitAll, OldFilesRenamedAsideWhereLinkIsRefusedAreRemovedAfterACommit) {
   ScratchDir dir;
-  write_file(dir / "out.safetensors", "old tensors");
-  write_file(dir / "out.json", "old provenance");
+  write_old_pair(dir);
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "link:out.json");
   commit_new_pair(dir);
-  expect_new_pair(dir);
+  expect_pair(dir, "new tensors", "new provenance");
 }
 
 TEST(CommitAll, ANewFirstFileIsRemovedAgainWhenTheSecondFails) {

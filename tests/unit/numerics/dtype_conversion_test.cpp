@@ -17,39 +17,31 @@ namespace {
 using testing::bits;
 using testing::from_bits;
 
-// bf16: 1 sign, 8 exponent (bias 127), 7 mantissa bits. Value from the fields, in double.
-double bf16_value(uint16_t h, bool* is_nan) {
+// A 16-bit IEEE-style binary format: 1 sign bit, `exp_bits` exponent bits (bias
+// 2^(exp_bits-1) - 1), `man_bits` mantissa bits. Value of pattern h from its fields, in double.
+double half_value(uint16_t h, int exp_bits, int man_bits, bool* is_nan) {
   const int sign = h >> 15;
-  const int exp = (h >> 7) & 0xff;
-  const int man = h & 0x7f;
-  *is_nan = exp == 0xff && man != 0;
+  const int exp_max = (1 << exp_bits) - 1;
+  const int bias = exp_max / 2;
+  const int exp = (h >> man_bits) & exp_max;
+  const int man = h & ((1 << man_bits) - 1);
+  *is_nan = exp == exp_max && man != 0;
   double v;
-  if (exp == 0xff) {
+  if (exp == exp_max) {
     v = man ? std::nan("") : HUGE_VAL;
   } else if (exp == 0) {
-    v = std::ldexp(static_cast<double>(man), -126 - 7);
+    v = std::ldexp(static_cast<double>(man), 1 - bias - man_bits);
   } else {
-    v = std::ldexp(1.0 + man / 128.0, exp - 127);
+    v = std::ldexp(1.0 + std::ldexp(static_cast<double>(man), -man_bits), exp - bias);
   }
   return sign ? -v : v;
 }
 
-// fp16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
-double fp16_value(uint16_t h, bool* is_nan) {
-  const int sign = h >> 15;
-  const int exp = (h >> 10) & 0x1f;
-  const int man = h & 0x3ff;
-  *is_nan = exp == 0x1f && man != 0;
-  double v;
-  if (exp == 0x1f) {
-    v = man ? std::nan("") : HUGE_VAL;
-  } else if (exp == 0) {
-    v = std::ldexp(static_cast<double>(man), -24);
-  } else {
-    v = std::ldexp(1.0 + man / 1024.0, exp - 15);
-  }
-  return sign ? -v : v;
-}
+// bf16: 8 exponent bits (bias 127), 7 mantissa bits.
+double bf16_value(uint16_t h, bool* is_nan) { return half_value(h, 8, 7, is_nan); }
+
+// fp16: 5 exponent bits (bias 15), 10 mantissa bits.
+double fp16_value(uint16_t h, bool* is_nan) { return half_value(h, 5, 10, is_nan); }
 
 // Widening `widen` gives, for every 16-bit pattern, the value of its fields (`value`); -0 stays -0.
 void expect_widening_exact(double (*value)(uint16_t, bool*), float (*widen)(uint16_t)) {
