@@ -77,6 +77,23 @@ void expect_pair(const ScratchDir& dir, const std::string& tensors, const std::s
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json", "out.safetensors"}));
 }
 
+// The message of the std::runtime_error that a failing commit_new_pair throws.
+std::string commit_error(const ScratchDir& dir) {
+  try {
+    commit_new_pair(dir);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+// After a failed commit where only out.json existed: it is unchanged and alone.
+void expect_only_old_provenance(const ScratchDir& dir) {
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json"}));
+  EXPECT_EQ(read_file(dir / "out.json"), "old provenance");
+}
+
 TEST(CommitAll, BothNewFilesOnSuccessAndNoLeftovers) {
   ScratchDir dir;
   write_old_pair(dir);
@@ -89,16 +106,11 @@ TEST(CommitAll, RenameFailureAfterTheFirstRenameRestoresTheOldFiles) {
   const std::string old_out = std::string("old tensors \0 with a NUL", 24);
   write_old_pair(dir, old_out);
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "rename:out.json");
-  try {
-    commit_new_pair(dir);
-    FAIL() << "no error";
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find((dir / "out.json").string()), std::string::npos) << what;
-    EXPECT_NE(what.find("cannot rename the temporary file into place"), std::string::npos) << what;
-    EXPECT_NE(what.find("left as before: " + (dir / "out.safetensors").string()), std::string::npos)
-        << what;
-  }
+  const std::string what = commit_error(dir);
+  EXPECT_NE(what.find((dir / "out.json").string()), std::string::npos) << what;
+  EXPECT_NE(what.find("cannot rename the temporary file into place"), std::string::npos) << what;
+  EXPECT_NE(what.find("left as before: " + (dir / "out.safetensors").string()), std::string::npos)
+      << what;
   expect_pair(dir, old_out, "old provenance");  // byte-identical
 }
 
@@ -117,23 +129,16 @@ TEST(CommitAll, ANewFirstFileIsRemovedAgainWhenTheSecondFails) {
   write_file(dir / "out.json", "old provenance");
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "rename:out.json");
   EXPECT_THROW(commit_new_pair(dir), std::runtime_error);
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json"}));
-  EXPECT_EQ(read_file(dir / "out.json"), "old provenance");
+  expect_only_old_provenance(dir);
 }
 
 TEST(CommitAll, DiskFullWhileWritingNamesThePathAndKeepsTheOldFile) {
   ScratchDir dir;
   write_file(dir / "out.json", "old provenance");
   const ScopedEnv hook("DETLOGP_TESTING_IO_FAIL", "write:out.json");
-  try {
-    commit_new_pair(dir);
-    FAIL() << "no error";
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what.rfind((dir / "out.json").string() + ": disk full while writing", 0), 0u) << what;
-  }
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"out.json"}));
-  EXPECT_EQ(read_file(dir / "out.json"), "old provenance");
+  const std::string what = commit_error(dir);
+  EXPECT_EQ(what.rfind((dir / "out.json").string() + ": disk full while writing", 0), 0u) << what;
+  expect_only_old_provenance(dir);
 }
 
 TEST(CommitAll, ReadOnlyDirectoryFailsBeforeAnythingChanges) {
