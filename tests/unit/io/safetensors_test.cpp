@@ -133,9 +133,57 @@ std::string many_dims_entry(int rank) {
   return R"({"dtype":"U8","shape":[)" + shape + R"(],"data_offsets":[0,1]})";
 }
 
+// Entries of the one tensor 't' over 16 data bytes, each breaking one rule of an entry.
+struct BadEntry {
+  std::string name;
+  std::string entry;  // the JSON of tensor 't'
+  std::string fragment;
+};
+
+std::vector<BadCase> bad_entries_over_16_bytes() {
+  const std::vector<BadEntry> entries = {
+      {"missing_dtype", R"({"shape":[4],"data_offsets":[0,16]})", "tensor 't': missing 'dtype'"},
+      {"missing_shape", R"({"dtype":"I32","data_offsets":[0,16]})", "missing 'shape'"},
+      {"missing_offsets", R"({"dtype":"I32","shape":[4]})", "missing 'data_offsets'"},
+      {"extra_key", R"({"dtype":"I32","shape":[4],"data_offsets":[0,16],"x":1})",
+       "unexpected key 'x'"},
+      {"dtype_not_string", R"({"dtype":4,"shape":[4],"data_offsets":[0,16]})",
+       "'dtype' must be a string, got number"},
+      {"unknown_dtype", R"({"dtype":"F64","shape":[2],"data_offsets":[0,16]})",
+       "unsupported dtype 'F64'"},
+      {"shape_not_array", R"({"dtype":"I32","shape":"4","data_offsets":[0,16]})",
+       "'shape' must be an array, got string"},
+      {"shape_float", R"({"dtype":"I32","shape":[4.0],"data_offsets":[0,16]})",
+       "shape entries must be integers"},
+      {"shape_bool", R"({"dtype":"I32","shape":[true],"data_offsets":[0,16]})",
+       "shape entries must be integers, got boolean"},
+      {"negative_dim", R"({"dtype":"I32","shape":[-1,4],"data_offsets":[0,16]})",
+       "negative dimension -1"},
+      {"dim_too_large", R"({"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,16]})",
+       "dimension 18446744073709551615 is too large"},
+      {"dim_beyond_uint64",
+       R"({"dtype":"U8","shape":[99999999999999999999999],"data_offsets":[0,16]})",
+       "shape entries must be integers"},
+      {"overflow", R"({"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,16]})",
+       "overflows 64-bit byte sizes"},
+      {"offsets_not_pair", R"({"dtype":"I32","shape":[4],"data_offsets":[0]})",
+       "'data_offsets' must be an array [begin, end], got 1 elements"},
+      {"offsets_strings", R"({"dtype":"I32","shape":[4],"data_offsets":["0",16]})",
+       "data_offsets must be non-negative integers, got string"},
+      {"offsets_negative", R"({"dtype":"I32","shape":[4],"data_offsets":[-4,16]})",
+       "non-negative integers, got -4"},
+      {"offsets_reversed", R"({"dtype":"I32","shape":[0],"data_offsets":[16,0]})",
+       "end before they begin"},
+  };
+  std::vector<BadCase> cases;
+  for (const BadEntry& e : entries) {
+    cases.push_back({e.name, entry_file(e.entry, std::string(16, '\0')), e.fragment});
+  }
+  return cases;
+}
+
 std::vector<BadCase> bad_cases() {
-  const std::string d16(16, '\0');
-  return {
+  std::vector<BadCase> cases = {
       {"empty", "", "file is empty"},
       {"short", "abc", "file is 3 bytes, too short"},
       {"length_past_end", le64(9999999) + "{}" + std::string(110, ' '),
@@ -153,45 +201,7 @@ std::vector<BadCase> bad_cases() {
        "repeats the key 'dtype'"},
       {"deep", safetensors_bytes(R"({"t":[[[[[[[[[[[[1]]]]]]]]]]]]})", ""), "nests deeper"},
       {"entry_not_object", entry_file("1", ""), "tensor 't': entry must be a JSON object"},
-      {"missing_dtype", entry_file(R"({"shape":[4],"data_offsets":[0,16]})", d16),
-       "tensor 't': missing 'dtype'"},
-      {"missing_shape", entry_file(R"({"dtype":"I32","data_offsets":[0,16]})", d16),
-       "missing 'shape'"},
-      {"missing_offsets", entry_file(R"({"dtype":"I32","shape":[4]})", d16),
-       "missing 'data_offsets'"},
-      {"extra_key", entry_file(R"({"dtype":"I32","shape":[4],"data_offsets":[0,16],"x":1})", d16),
-       "unexpected key 'x'"},
-      {"dtype_not_string", entry_file(R"({"dtype":4,"shape":[4],"data_offsets":[0,16]})", d16),
-       "'dtype' must be a string, got number"},
-      {"unknown_dtype", entry_file(R"({"dtype":"F64","shape":[2],"data_offsets":[0,16]})", d16),
-       "unsupported dtype 'F64'"},
-      {"shape_not_array", entry_file(R"({"dtype":"I32","shape":"4","data_offsets":[0,16]})", d16),
-       "'shape' must be an array, got string"},
-      {"shape_float", entry_file(R"({"dtype":"I32","shape":[4.0],"data_offsets":[0,16]})", d16),
-       "shape entries must be integers"},
-      {"shape_bool", entry_file(R"({"dtype":"I32","shape":[true],"data_offsets":[0,16]})", d16),
-       "shape entries must be integers, got boolean"},
-      {"negative_dim", entry_file(R"({"dtype":"I32","shape":[-1,4],"data_offsets":[0,16]})", d16),
-       "negative dimension -1"},
-      {"dim_too_large",
-       entry_file(R"({"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,16]})", d16),
-       "dimension 18446744073709551615 is too large"},
-      {"dim_beyond_uint64",
-       entry_file(R"({"dtype":"U8","shape":[99999999999999999999999],"data_offsets":[0,16]})", d16),
-       "shape entries must be integers"},
-      {"overflow",
-       entry_file(R"({"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,16]})",
-                  d16),
-       "overflows 64-bit byte sizes"},
       {"too_many_dims", entry_file(many_dims_entry(65), "x"), "rank 65 exceeds the limit of 64"},
-      {"offsets_not_pair", entry_file(R"({"dtype":"I32","shape":[4],"data_offsets":[0]})", d16),
-       "'data_offsets' must be an array [begin, end], got 1 elements"},
-      {"offsets_strings", entry_file(R"({"dtype":"I32","shape":[4],"data_offsets":["0",16]})", d16),
-       "data_offsets must be non-negative integers, got string"},
-      {"offsets_negative", entry_file(R"({"dtype":"I32","shape":[4],"data_offsets":[-4,16]})", d16),
-       "non-negative integers, got -4"},
-      {"offsets_reversed", entry_file(R"({"dtype":"I32","shape":[0],"data_offsets":[16,0]})", d16),
-       "end before they begin"},
       {"size_mismatch",
        entry_file(R"({"dtype":"I32","shape":[2,2],"data_offsets":[0,12]})", std::string(12, '\0')),
        "data_offsets [0, 12] hold 12 bytes but shape [2, 2] of I32 needs 16"},
@@ -221,6 +231,9 @@ std::vector<BadCase> bad_cases() {
        safetensors_bytes("{\"a\\nb\":{\"dtype\":\"X\",\"shape\":[],\"data_offsets\":[0,0]}}", ""),
        "tensor 'a\\x0ab': unsupported dtype 'X'"},
   };
+  const std::vector<BadCase> entries = bad_entries_over_16_bytes();
+  cases.insert(cases.end(), entries.begin(), entries.end());
+  return cases;
 }
 
 TEST(SafetensorsBadInput, EveryCaseIsAContractErrorNamingTheFile) {
