@@ -117,19 +117,7 @@ struct InProcessGroup::State {
   }
 
   void round_arrive_or_wait(std::unique_lock<std::mutex>& lk, int rank, Op op, bool abortable) {
-    if (!abortable) {
-      const std::uint64_t gen = generation;
-      arrived_at[rank] = gen + 1;
-      if (++arrived == size) {
-        arrived = 0;
-        ++generation;
-        cv.notify_all();
-        return;
-      }
-      cv.wait(lk, [&] { return generation != gen; });
-      return;
-    }
-    if (departed_count > 0) {
+    if (abortable && departed_count > 0) {
       abort_locked("rank " + std::to_string(rank) + " entered " + op_name(op) + " but " +
                    rank_list(departed_locked()) + " already returned from its function");
       throw std::runtime_error(abort_reason);
@@ -140,6 +128,10 @@ struct InProcessGroup::State {
       arrived = 0;
       ++generation;
       cv.notify_all();
+      return;
+    }
+    if (!abortable) {
+      cv.wait(lk, [&] { return generation != gen; });
       return;
     }
     auto done = [&] { return generation != gen || aborted; };
