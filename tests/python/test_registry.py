@@ -54,6 +54,11 @@ def reference_backend(name, backend_id):
     return Backend.cpu(name, backend_id, kernels="reference")
 
 
+def register_reference(reg, name, backend_id, cap=full_cap, kind="reference"):
+    """Registers the reference-kernels backend `name` with the capability cap(backend_id, kind)."""
+    reg.register_logprob_backend(reference_backend(name, backend_id), cap(backend_id, kind))
+
+
 def dispatch_error(reg, c, req="auto"):
     with pytest.raises(RuntimeError) as info:
         reg.get_logprob_op(c, req)
@@ -65,8 +70,7 @@ def dispatch_error(reg, c, req="auto"):
 
 def test_single_shard_only_rejects_tp2_contract_with_every_reason():
     r = Registry()
-    r.register_logprob_backend(reference_backend("SINGLE_A", "single-a"),
-                               single_shard_cap("single-a", "production"))
+    register_reference(r, "SINGLE_A", "single-a", cap=single_shard_cap, kind="production")
     msg = dispatch_error(r, qwen_tp2())
     assert "TP=2 is unsupported" in msg
     assert "vocab-domain LSE export is unsupported" in msg
@@ -81,10 +85,8 @@ def test_single_shard_only_rejects_tp2_contract_with_every_reason():
 
 def test_reference_policy_skips_single_shard_with_fallback_and_reasons():
     r = Registry()
-    r.register_logprob_backend(reference_backend("SINGLE_REF", "single-ref"),
-                               single_shard_cap("single-ref", "reference"))
-    r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
-                               full_cap("vp-ref", "reference"))
+    register_reference(r, "SINGLE_REF", "single-ref", cap=single_shard_cap)
+    register_reference(r, "VP_REF", "vp-ref")
     d = r.get_logprob_op(qwen_tp2(), "reference")
     assert d.actual_backend == "vp-ref"
     assert d.fallback is True
@@ -100,16 +102,14 @@ def test_candidate_without_capability_is_rejected_as_fallback():
     r = Registry()
     r.add_contract_candidate(reference_backend("NATIVE", "native"))
     assert "NATIVE: no LogprobBackendCapability declared" in dispatch_error(r, qwen_tp2())
-    r.register_logprob_backend(reference_backend("VP_REF", "vp-ref"),
-                               full_cap("vp-ref", "reference"))
+    register_reference(r, "VP_REF", "vp-ref")
     d = r.get_logprob_op(qwen_tp2(), "reference")
     assert d.fallback is True  # a missing capability always counts, even before the policy
 
 
 def test_provenance_of_a_compatible_backend():
     r = Registry()
-    r.register_logprob_backend(reference_backend("TEST_TP", "test-deterministic-tp-logprob"),
-                               full_cap("test-deterministic-tp-logprob", "reference"))
+    register_reference(r, "TEST_TP", "test-deterministic-tp-logprob")
     d = r.get_logprob_op(qwen_tp2(), "reference")
     assert d.fallback is False
     j = json.loads(json.dumps(d.provenance))  # JSON-serializable
@@ -137,10 +137,8 @@ def test_provenance_of_a_compatible_backend():
 
 def test_policy_skip_is_not_a_fallback_but_capability_skip_is():
     r = Registry()
-    r.register_logprob_backend(reference_backend("OTHER", "other-id"),
-                               full_cap("other-id", "reference"))
-    r.register_logprob_backend(reference_backend("WANTED", "wanted-id"),
-                               full_cap("wanted-id", "reference"))
+    register_reference(r, "OTHER", "other-id")
+    register_reference(r, "WANTED", "wanted-id")
     d = r.get_logprob_op(qwen_tp2(), "wanted-id")
     assert d.fallback is False
     assert len(d.prior_rejections) == 1
@@ -153,7 +151,7 @@ def test_policy_skip_is_not_a_fallback_but_capability_skip_is():
                                  mask_modes=("explicit_active_mask",), exports_vocab_lse=True,
                                  determinism_scopes=("cross_tp_bitwise",),
                                  implementation_kind="reference"))
-    r2.register_logprob_backend(reference_backend("ANY", "any-tp"), full_cap("any-tp", "reference"))
+    register_reference(r2, "ANY", "any-tp")
     d2 = r2.get_logprob_op(qwen_tp2())
     assert d2.fallback is True
     assert d2.prior_rejections
@@ -428,7 +426,7 @@ def test_python_factories_that_cannot_serve_are_load_failures():
     r = Registry()
     r.register_logprob_backend(Backend("NONE", returns_none), full_cap("none", "production"))
     r.register_logprob_backend(Backend("NOT_AN_OP", not_an_op), full_cap("obj", "production"))
-    r.register_logprob_backend(reference_backend("REF", "ref"), full_cap("ref", "reference"))
+    register_reference(r, "REF", "ref")
     d = r.get_logprob_op(qwen_tp2())
     assert d.actual_backend == "ref" and d.fallback is True
     assert [p.split(":")[0] for p in d.prior_rejections] == ["NONE", "NOT_AN_OP"]
