@@ -311,26 +311,27 @@ def full_capability(**kw):
 
 def test_capability_validation():
     assert full_capability(backend_id="  padded-id  ").backend_id == "padded-id"
-    with raises("^backend_id='Deterministic' shadows a reserved dispatch policy keyword$"):
-        full_capability(backend_id="Deterministic")
-    with raises("^backend_id must be a non-empty string$"):
-        full_capability(backend_id="  ")
-    with raises("^backend_id must be a non-empty string$"):
-        full_capability(backend_id=3)
-    with raises("^roles and dtypes must be iterables of enum values$"):
-        full_capability(roles=5)
-    with raises("^backend roles and dtypes must not be empty$"):
-        full_capability(dtypes=[])
-    with raises("^tp_world_sizes must not be empty; use None for unrestricted$"):
-        full_capability(tp_world_sizes=[])
-    with raises(r"^tp_world_sizes\[1\] must be a positive integer; got True$"):
-        full_capability(tp_world_sizes=[1, True])
-    with raises("^mask_modes and determinism_scopes must be iterables of enum values$"):
-        full_capability(mask_modes=None)
-    with raises("^supports_vocab_padding must be a bool; got 1$"):
-        full_capability(supports_vocab_padding=1)
-    with raises("^implementation_kind must be one of: production, reference"):
-        full_capability(implementation_kind="fast")
+
+
+@pytest.mark.parametrize("message, bad", [
+    ("^backend_id='Deterministic' shadows a reserved dispatch policy keyword$",
+     {"backend_id": "Deterministic"}),
+    ("^backend_id must be a non-empty string$", {"backend_id": "  "}),
+    ("^backend_id must be a non-empty string$", {"backend_id": 3}),
+    ("^roles and dtypes must be iterables of enum values$", {"roles": 5}),
+    ("^backend roles and dtypes must not be empty$", {"dtypes": []}),
+    ("^tp_world_sizes must not be empty; use None for unrestricted$", {"tp_world_sizes": []}),
+    (r"^tp_world_sizes\[1\] must be a positive integer; got True$",
+     {"tp_world_sizes": [1, True]}),
+    ("^mask_modes and determinism_scopes must be iterables of enum values$",
+     {"mask_modes": None}),
+    ("^supports_vocab_padding must be a bool; got 1$", {"supports_vocab_padding": 1}),
+    ("^implementation_kind must be one of: production, reference",
+     {"implementation_kind": "fast"}),
+])
+def test_capability_rejects_bad_fields(message, bad):
+    with raises(message):
+        full_capability(**bad)
 
 
 def test_capability_incompatibilities_in_order():
