@@ -8,12 +8,15 @@
 //   bench_fused --tokens 512 --hidden 4096 --vocab 37984 --threads 2 --dtype fp32
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "detlogp/comm.hpp"
@@ -34,37 +37,37 @@ struct Args {
   bool skip_peak = false;
 };
 
+// The options that take a value, each with where its value goes.
+using SetOption = void (*)(Args&, const std::string&);
+const std::pair<std::string_view, SetOption> kValueOptions[] = {
+    {"--tokens", [](Args& a, const std::string& v) { a.tokens = std::stoll(v); }},
+    {"--hidden", [](Args& a, const std::string& v) { a.hidden = std::stoll(v); }},
+    {"--vocab", [](Args& a, const std::string& v) { a.vocab = std::stoll(v); }},
+    {"--threads", [](Args& a, const std::string& v) { a.threads = std::stoi(v); }},
+    {"--reps", [](Args& a, const std::string& v) { a.reps = std::stoi(v); }},
+    {"--row-block", [](Args& a, const std::string& v) { a.row_block = std::stoll(v); }},
+    {"--dtype", [](Args& a, const std::string& v) { a.dtype = v; }},
+};
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return std::string(argv[++i]);
-    };
-    if (k == "--tokens")
-      a.tokens = std::stoll(next());
-    else if (k == "--hidden")
-      a.hidden = std::stoll(next());
-    else if (k == "--vocab")
-      a.vocab = std::stoll(next());
-    else if (k == "--threads")
-      a.threads = std::stoi(next());
-    else if (k == "--reps")
-      a.reps = std::stoi(next());
-    else if (k == "--row-block")
-      a.row_block = std::stoll(next());
-    else if (k == "--dtype")
-      a.dtype = next();
-    else if (k == "--skip-peak")
+    if (k == "--skip-peak") {
       a.skip_peak = true;
-    else {
+      continue;
+    }
+    const auto* option = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
+                                      [&](const auto& o) { return o.first == k; });
+    if (option == std::end(kValueOptions)) {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
     }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    option->second(a, argv[++i]);
   }
   return a;
 }
