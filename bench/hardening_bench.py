@@ -20,7 +20,6 @@ alone, in one process (microseconds of CPU time per call, the minimum of 7 runs 
 One JSON object per line on stdout (rank 0 for the end-to-end cases).
 """
 
-import argparse
 import contextlib
 import datetime
 import json
@@ -33,6 +32,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from bench_args import int_options
 
 REAL = 151936
 
@@ -199,13 +200,8 @@ def _micro():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--small-rows", type=int, default=64)
-    parser.add_argument("--fused-rows", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--reps", type=int, default=20)
+    parser = int_options(__doc__.split("\n")[0], rows=256, small_rows=64, fused_rows=64,
+                         hidden=256, threads=1, reps=20)
     parser.add_argument("--micro-only", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -23,7 +23,6 @@ contract per call the old way (MaskSpec from a Python list), and the cache's cou
 (contract hits, gradient buffer reuses). One JSON object per line on stdout.
 """
 
-import argparse
 import datetime
 import json
 import mmap
@@ -36,6 +35,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from bench_args import int_options
 
 REAL = 151936
 
@@ -261,11 +262,7 @@ def bench_rank(rank, tp, args, init_file, out_file):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--overhead-rows", type=int, default=8192)
+    ap = int_options(rows=1024, threads=1, reps=5, overhead_rows=8192)
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--skip-megatron", action="store_true")
     args = ap.parse_args()

@@ -6,12 +6,13 @@ backward: autograd of that logp (sum) back to x, x.grad in x's dtype.
 Median of --reps timed runs after a warm-up, torch.set_num_threads(--threads). One JSON object
 per line in --json.
 """
-import argparse
 import json
 import statistics
 import time
 
 import torch
+
+from bench_args import int_options
 
 REAL_VOCAB = 151936
 PADDED = 152064
@@ -28,10 +29,7 @@ def median_seconds(fn, reps):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
+    ap = int_options(rows=1024, threads=2, reps=3)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

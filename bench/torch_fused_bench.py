@@ -6,12 +6,13 @@ backward: autograd of logp.sum() into hidden and W.
 Best of --reps, torch.set_num_threads(--threads); peak resident memory of the process at the
 end (run once per token count). One JSON object on stdout.
 """
-import argparse
 import json
 import resource
 import time
 
 import torch
+
+from bench_args import int_options
 
 
 def best(fn, reps):
@@ -24,12 +25,7 @@ def best(fn, reps):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--vocab", type=int, default=37984)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=1)
+    ap = int_options(tokens=512, hidden=4096, vocab=37984, threads=2, reps=1)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
