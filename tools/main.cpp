@@ -23,37 +23,37 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// An option whose --help shows its default value.
+template <typename T>
+CLI::Option* add_defaulted(CLI::App& app, const std::string& name, T& value,
+                           const std::string& help) {
+  return app.add_option(name, value, help)->capture_default_str();
+}
+
 void add_run(CLI::App& app, RunOptions& o) {
-  app.add_option("--tokens", o.tokens, "tokens in the batch")->capture_default_str();
-  app.add_option("--real-vocab", o.real_vocab, "real (tokenizer) vocabulary")
-      ->capture_default_str();
-  app.add_option("--dtype", o.dtype, "logits dtype: bf16, fp16 or fp32")->capture_default_str();
+  add_defaulted(app, "--tokens", o.tokens, "tokens in the batch");
+  add_defaulted(app, "--real-vocab", o.real_vocab, "real (tokenizer) vocabulary");
+  add_defaulted(app, "--dtype", o.dtype, "logits dtype: bf16, fp16 or fp32");
   app.add_option("--tp", o.tp,
                  "TP degrees, comma-separated (in-process, default 1,2,4); one degree under "
                  "--comm mpi (default: processes / cp)");
-  app.add_option("--cp", o.cp, "CP degree (--comm mpi only): tokens split across CP ranks")
-      ->capture_default_str();
-  app.add_option("--tile-width", o.tile_width, "vocab tile width W")->capture_default_str();
-  app.add_option("--threads", o.threads, "threads in total (0: all hardware threads)")
-      ->capture_default_str();
-  app.add_option("--batch-key", o.batch_key, "key of the synthetic batch (same key, same batch)")
-      ->capture_default_str();
-  app.add_option("--temperature", o.temperature, "scores use logits / temperature")
-      ->capture_default_str();
-  app.add_option("--backend", o.backend, "registry request: auto, production, reference or an id")
-      ->capture_default_str();
-  app.add_option("--comm", o.comm, "auto (mpi when launched by mpirun), in-process or mpi")
-      ->capture_default_str();
-  app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
-      ->capture_default_str();
-  app.add_option("--collective-timeout", o.collective_timeout,
-                 "seconds a rank waits in one collective for the others (0: no limit)")
-      ->capture_default_str();
+  add_defaulted(app, "--cp", o.cp, "CP degree (--comm mpi only): tokens split across CP ranks");
+  add_defaulted(app, "--tile-width", o.tile_width, "vocab tile width W");
+  add_defaulted(app, "--threads", o.threads, "threads in total (0: all hardware threads)");
+  add_defaulted(app, "--batch-key", o.batch_key,
+                "key of the synthetic batch (same key, same batch)");
+  add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
+  add_defaulted(app, "--backend", o.backend,
+                "registry request: auto, production, reference or an id");
+  add_defaulted(app, "--comm", o.comm, "auto (mpi when launched by mpirun), in-process or mpi");
+  add_defaulted(app, "--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)");
+  add_defaulted(app, "--collective-timeout", o.collective_timeout,
+                "seconds a rank waits in one collective for the others (0: no limit)");
   app.add_flag("--json", o.json, "print one JSON object instead of the table");
   app.add_flag("--fused", o.fused,
                "the fused lm_head: hidden states and an lm_head weight instead of logits "
                "(default --tokens 8)");
-  app.add_option("--hidden", o.hidden, "--fused: hidden size H")->capture_default_str();
+  add_defaulted(app, "--hidden", o.hidden, "--fused: hidden size H");
 }
 
 void add_logprob(CLI::App& app, LogprobOptions& o) {
@@ -62,30 +62,25 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
   app.add_option("--targets", o.targets, "[tokens] I64/I32")->required();
   app.add_option("--mask", o.mask, "[tokens] BOOL/U8 (default: all active)");
   app.add_option("--real-vocab", o.real_vocab, "real vocabulary (default: the logits' width)");
-  app.add_option("--tp", o.tp, "TP degree: tile-aligned shards on the in-process group")
-      ->capture_default_str();
+  add_defaulted(app, "--tp", o.tp, "TP degree: tile-aligned shards on the in-process group");
   auto* tw = app.add_option("--tile-width", o.tile_width, "vocab tile width W (default 128)");
   auto* nt = app.add_option("--num-vocab-tiles", o.num_vocab_tiles,
                             "K tiles: W = padded / K (must divide)");
   tw->excludes(nt);
   nt->excludes(tw);
-  app.add_option("--temperature", o.temperature, "scores use logits / temperature")
-      ->capture_default_str();
-  app.add_option("--backend", o.backend, "registry request")->capture_default_str();
-  app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
-      ->capture_default_str();
+  add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
+  add_defaulted(app, "--backend", o.backend, "registry request");
+  add_defaulted(app, "--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)");
   app.add_flag("--entropy", o.entropy, "also compute the entropy");
   app.add_option("--grad-logp", o.grad_logp, "[tokens] F32 upstream gradient of logp");
   app.add_option("--grad-lse", o.grad_lse, "[tokens] F32 upstream gradient of lse");
   app.add_option("--grad-entropy", o.grad_entropy,
                  "[tokens] F32 upstream gradient of entropy (needs --entropy)");
-  app.add_option("--deterministic", o.deterministic,
-                 "true: the canon (cross-TP bitwise); false: fixed-topology fast mode")
-      ->capture_default_str();
-  app.add_option("--threads", o.threads, "threads in total (0: all)")->capture_default_str();
-  app.add_option("--collective-timeout", o.collective_timeout,
-                 "seconds a rank waits in one collective for the others (0: no limit)")
-      ->capture_default_str();
+  add_defaulted(app, "--deterministic", o.deterministic,
+                "true: the canon (cross-TP bitwise); false: fixed-topology fast mode");
+  add_defaulted(app, "--threads", o.threads, "threads in total (0: all)");
+  add_defaulted(app, "--collective-timeout", o.collective_timeout,
+                "seconds a rank waits in one collective for the others (0: no limit)");
   app.add_option("--out", o.out, "output .safetensors (logp, lse, entropy, grad_logits)")
       ->required();
   app.add_option("--provenance", o.provenance, "write the dispatch provenance JSON here");
@@ -95,20 +90,18 @@ void add_drift(CLI::App& app, DriftOptions& o) {
   app.add_option("--candidate", o.candidate, "[tokens] F32 logprobs (e.g. recomputed)")->required();
   app.add_option("--reference", o.reference, "[tokens] F32 logprobs (e.g. rollout)")->required();
   app.add_option("--mask", o.mask, "[tokens] BOOL/U8 (default: all active)");
-  app.add_option("--dtype", o.dtype, "tolerance table: bf16, fp16 or fp32")->capture_default_str();
+  add_defaulted(app, "--dtype", o.dtype, "tolerance table: bf16, fp16 or fp32");
   app.add_flag("--json", o.json, "print the report as JSON");
 }
 
 void add_bench(CLI::App& app, BenchOptions& o) {
-  app.add_option("--tokens", o.tokens, "tokens")->capture_default_str();
-  app.add_option("--real-vocab", o.real_vocab, "vocabulary")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "logits dtype")->capture_default_str();
-  app.add_option("--threads", o.threads, "threads (0: all)")->capture_default_str();
-  app.add_option("--repeats", o.repeats, "timed repetitions (median reported)")
-      ->capture_default_str();
-  app.add_option("--batch-key", o.batch_key, "key of the synthetic logits")->capture_default_str();
-  app.add_option("--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)")
-      ->capture_default_str();
+  add_defaulted(app, "--tokens", o.tokens, "tokens");
+  add_defaulted(app, "--real-vocab", o.real_vocab, "vocabulary");
+  add_defaulted(app, "--dtype", o.dtype, "logits dtype");
+  add_defaulted(app, "--threads", o.threads, "threads (0: all)");
+  add_defaulted(app, "--repeats", o.repeats, "timed repetitions (median reported)");
+  add_defaulted(app, "--batch-key", o.batch_key, "key of the synthetic logits");
+  add_defaulted(app, "--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)");
   app.add_flag("--json", o.json, "print JSON");
 }
 
