@@ -37,30 +37,10 @@ enum class MaskMode : std::uint8_t { explicit_active_mask, ignore_index };
 // A backend's tier; determinism is a separate axis (DeterminismScope).
 enum class ImplementationKind : std::uint8_t { production, reference };
 
-// The value strings of each enum, indexed by the enumerator's underlying value.
+// The value strings of each enum, indexed by the enumerator's underlying value
+// (declared with DETLOGP_CONTRACT_ENUM below).
 template <typename E>
 struct EnumValues;
-
-#define DETLOGP_ENUM_VALUES(E, ...)                                                \
-  template <>                                                                      \
-  struct EnumValues<E> {                                                           \
-    static constexpr auto values = std::to_array<std::string_view>({__VA_ARGS__}); \
-  }
-
-DETLOGP_ENUM_VALUES(Role, "train", "infer");
-DETLOGP_ENUM_VALUES(DType, "bf16", "fp16", "fp32");
-DETLOGP_ENUM_VALUES(Merge, "max_sumexp");
-DETLOGP_ENUM_VALUES(MergeAxis, "tp_vocab");
-DETLOGP_ENUM_VALUES(ReductionOrder, "global_vocab_shard_index", "canonical_tile_tree");
-DETLOGP_ENUM_VALUES(Transport, "all_gather");
-DETLOGP_ENUM_VALUES(DowncastPoint, "final_write");
-DETLOGP_ENUM_VALUES(Engine, "in_op_reference");
-DETLOGP_ENUM_VALUES(TPPlacement, "replicated");
-DETLOGP_ENUM_VALUES(DeterminismScope, "fixed_topology", "cross_tp_bitwise");
-DETLOGP_ENUM_VALUES(MaskMode, "explicit_active_mask", "ignore_index");
-DETLOGP_ENUM_VALUES(ImplementationKind, "production", "reference");
-
-#undef DETLOGP_ENUM_VALUES
 
 template <typename E>
 concept ContractEnum = std::is_enum_v<E> && requires {
@@ -118,44 +98,33 @@ void check_enum(E value, std::string_view field) {
   }
 }
 
-inline Role parse_role(std::string_view v, std::string_view field = "role") {
-  return parse_enum<Role>(v, field);
-}
-inline DType parse_dtype(std::string_view v, std::string_view field = "dtype") {
-  return parse_enum<DType>(v, field);
-}
-inline Merge parse_merge(std::string_view v, std::string_view field = "merge") {
-  return parse_enum<Merge>(v, field);
-}
-inline MergeAxis parse_merge_axis(std::string_view v, std::string_view field = "merge_axis") {
-  return parse_enum<MergeAxis>(v, field);
-}
-inline ReductionOrder parse_reduction_order(std::string_view v, std::string_view field = "order") {
-  return parse_enum<ReductionOrder>(v, field);
-}
-inline Transport parse_transport(std::string_view v, std::string_view field = "transport") {
-  return parse_enum<Transport>(v, field);
-}
-inline DowncastPoint parse_downcast_point(std::string_view v,
-                                          std::string_view field = "downcast_at") {
-  return parse_enum<DowncastPoint>(v, field);
-}
-inline Engine parse_engine(std::string_view v, std::string_view field = "engine") {
-  return parse_enum<Engine>(v, field);
-}
-inline TPPlacement parse_tp_placement(std::string_view v, std::string_view field = "tp_placement") {
-  return parse_enum<TPPlacement>(v, field);
-}
-inline DeterminismScope parse_determinism_scope(std::string_view v,
-                                                std::string_view field = "determinism_scope") {
-  return parse_enum<DeterminismScope>(v, field);
-}
-inline MaskMode parse_mask_mode(std::string_view v, std::string_view field = "mask_mode") {
-  return parse_enum<MaskMode>(v, field);
-}
-inline ImplementationKind parse_implementation_kind(
-    std::string_view v, std::string_view field = "implementation_kind") {
-  return parse_enum<ImplementationKind>(v, field);
-}
+// Each enum's value strings and its parser, `parse_fn(value, field = default_field)`.
+#define DETLOGP_CONTRACT_ENUM(E, parse_fn, default_field, ...)                     \
+  template <>                                                                      \
+  struct EnumValues<E> {                                                           \
+    static constexpr auto values = std::to_array<std::string_view>({__VA_ARGS__}); \
+  };                                                                               \
+  inline E parse_fn(std::string_view v, std::string_view field = default_field) {  \
+    return parse_enum<E>(v, field);                                                \
+  }
+
+DETLOGP_CONTRACT_ENUM(Role, parse_role, "role", "train", "infer")
+DETLOGP_CONTRACT_ENUM(DType, parse_dtype, "dtype", "bf16", "fp16", "fp32")
+DETLOGP_CONTRACT_ENUM(Merge, parse_merge, "merge", "max_sumexp")
+DETLOGP_CONTRACT_ENUM(MergeAxis, parse_merge_axis, "merge_axis", "tp_vocab")
+DETLOGP_CONTRACT_ENUM(ReductionOrder, parse_reduction_order, "order", "global_vocab_shard_index",
+                      "canonical_tile_tree")
+DETLOGP_CONTRACT_ENUM(Transport, parse_transport, "transport", "all_gather")
+DETLOGP_CONTRACT_ENUM(DowncastPoint, parse_downcast_point, "downcast_at", "final_write")
+DETLOGP_CONTRACT_ENUM(Engine, parse_engine, "engine", "in_op_reference")
+DETLOGP_CONTRACT_ENUM(TPPlacement, parse_tp_placement, "tp_placement", "replicated")
+DETLOGP_CONTRACT_ENUM(DeterminismScope, parse_determinism_scope, "determinism_scope",
+                      "fixed_topology", "cross_tp_bitwise")
+DETLOGP_CONTRACT_ENUM(MaskMode, parse_mask_mode, "mask_mode", "explicit_active_mask",
+                      "ignore_index")
+DETLOGP_CONTRACT_ENUM(ImplementationKind, parse_implementation_kind, "implementation_kind",
+                      "production", "reference")
+
+#undef DETLOGP_CONTRACT_ENUM
 
 }  // namespace detlogp
