@@ -43,14 +43,14 @@ def _gather_without_overlap_byte(self, send):
     n = len(send)
     if n == 0:
         outs = [torch.empty(1, dtype=torch.uint8) for _ in range(self.size)]
-        work = dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group,
+        work = dist.all_gather(outs, torch.zeros(1, dtype=torch.uint8), group=self.group_ref(),
                                async_op=True)
         self._wait(work, "all_gather")
         return b""
     recv = torch.empty(self.size * n, dtype=torch.uint8)
     outs = list(recv.split(n))
     work = dist.all_gather(outs, torch.frombuffer(bytearray(send), dtype=torch.uint8),
-                           group=self.group, async_op=True)
+                           group=self.group_ref(), async_op=True)
     self._wait(work, "all_gather")
     return recv.numpy().tobytes()
 
@@ -190,7 +190,8 @@ def _micro():
         return Done()
 
     dist.all_gather = copy_gather
-    cb = dcomm._Callbacks(None, 0, 2, "bench", 60.0, None, dcomm._CallGuard())
+    cb = dcomm._Callbacks(lambda: "the faked gather takes no group", 0, 2, "bench", 60.0, None,
+                         dcomm._CallGuard())
     for n in (512, 65536):
         send = bytes(n)
         on, off = _per_call_us(lambda: dcomm._Callbacks.all_gather(cb, send), 2000,

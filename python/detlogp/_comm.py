@@ -356,7 +356,8 @@ class _Callbacks:
         if any(flags):
             first = next(r for r, f in enumerate(flags) if f)
             raise _TransportFailure(_overlap_message(self.name, first))
-        return recv_np.reshape(self.size, m)[:, 1:].tobytes()
+        # A contiguous copy first: tobytes() of the strided view copies byte by byte (60x slower).
+        return np.ascontiguousarray(recv_np.reshape(self.size, m)[:, 1:]).tobytes()
 
     def barrier(self):
         self._reported("barrier", self._barrier)
