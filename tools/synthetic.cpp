@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "detlogp/dtype.hpp"
+#include "numerics/mix64.hpp"
 #include "parallel.hpp"
 
 namespace detlogp::cli {
@@ -15,14 +16,7 @@ constexpr double kBackgroundSigma = 2.0;
 constexpr int kMaxLarge = 8;
 constexpr float kPaddingGarbage = 30000.0f;
 
-uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
+using numerics::mix64;
 
 uint64_t splitmix64(uint64_t x) { return mix64(x + 0x9e3779b97f4a7c15ULL); }
 

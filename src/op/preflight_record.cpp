@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "contract/contract_json.hpp"
+#include "numerics/mix64.hpp"
 
 namespace detlogp::op {
 namespace {
@@ -27,14 +28,7 @@ std::string get_text(const std::array<char, N>& field) {
 
 std::string short_sha(std::string_view bytes) { return sha256_hex(bytes).substr(0, 16); }
 
-uint64_t mix64(uint64_t x) {  // splitmix64's finalizer: a bijection with good avalanche
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
+using numerics::mix64;
 
 struct Field {
   const char* name;
