@@ -4,8 +4,8 @@
 // scalars. The scalar reference kernel calls it directly, the SIMD kernels repeat these exact
 // operation sequences lane-wise (and are tested bitwise against it), and the CUDA kernels
 // compile this same header for the device. It includes only the plain numerics types
-// (detlogp/numerics.hpp) and the dtype conversions (detlogp/dtype.hpp), and uses only IEEE-754 binary32 add, sub, mul, div, fma (one rounding)
-// and exact bit manipulation.
+// (detlogp/numerics.hpp) and the dtype conversions (detlogp/dtype.hpp), and uses only IEEE-754
+// binary32 add, sub, mul, div, fma (one rounding) and exact bit manipulation.
 //
 // Never compile this with fast-math or with FP contraction (-ffp-contract=off): an implicit
 // fma would round differently from the canon.
@@ -40,7 +40,7 @@ DETLOGP_HD float float_of(uint32_t u) {
 }
 
 inline constexpr uint32_t kCanonicalNanBits = 0x7fc00000u;  // the one fp32 NaN we write
-using detlogp::kCanonicalBf16NanBits;  // (detlogp/dtype.hpp)
+using detlogp::kCanonicalBf16NanBits;                       // (detlogp/dtype.hpp)
 using detlogp::kCanonicalFp16NanBits;
 inline constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126
 inline constexpr float kInf = __builtin_huge_valf();

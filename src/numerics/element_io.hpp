@@ -2,8 +2,8 @@
 // One element of a logits or gradient buffer, read as fp32 or written from fp32, for every
 // logit dtype: the one widening (exact: bf16_to_float / fp16_to_float) and one narrowing
 // (round to nearest even, canonical NaNs: float_to_bf16 / float_to_fp16 / canon::canonicalize)
-// of detlogp/dtype.hpp and the canon. Host and device (the CUDA kernels compile it too); every scalar path of every
-// backend, and the tools, read and write elements through it.
+// of detlogp/dtype.hpp and the canon. Host and device (the CUDA kernels compile it too); every
+// scalar path of every backend, and the tools, read and write elements through it.
 
 #include <cstdint>
 #include <cstring>
