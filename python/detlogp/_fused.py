@@ -13,7 +13,7 @@ every rank, so it must not be all-reduced again. ``weight_shard.grad`` is this r
 
 import numpy as np
 
-from . import _detlogp
+from . import _detlogp, _dtensor
 from ._buffers import grad_array, int64_targets, is_tensor, kernel_threads, raw_view, torch_module
 from ._call import join_without_tokens, run_exclusive
 from ._checks import check_bool, check_int
@@ -71,15 +71,18 @@ def _check_mixed_grad(hidden, weight):
 
 
 def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_width,
-                      temperature, ignore_index):
-    """A train contract for even shards of weight rows: padded vocab = local rows x TP, active
-    tokens those whose target is not ``ignore_index``."""
+                      temperature, ignore_index, bounds=None):
+    """A train contract for even shards of weight rows (padded vocab = local rows x TP) unless
+    ``bounds`` gives every rank's rows (a DTensor weight's split), active tokens those whose
+    target is not ``ignore_index``."""
     tp = 1 if comm is None else comm.size
     rank = 0 if comm is None else comm.rank
     local = weight_view[2]
-    padded = local * tp
+    if bounds is None:
+        bounds = [(r * local, (r + 1) * local) for r in range(tp)]
+    bounds = [tuple(b) for b in bounds]
+    padded = bounds[-1][1]
     real = padded if real_vocab is None else check_int(real_vocab, "real_vocab", "positive")
-    bounds = [(r * local, (r + 1) * local) for r in range(tp)]
     active = [bool(t != ignore_index) for t in targets.tolist()]
     kwargs = {} if tile_width is None else {"tile_width": tile_width}
     return LogprobContract(
@@ -194,7 +197,26 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
     Without tokens (``hidden`` [0, H]) the outputs are empty and ``weight.grad`` is zero; at
     TP > 1 every rank must then have none (checked by the preflight).
+
+    A DTensor ``weight`` (vocab rows ``Shard(0)`` on a DeviceMesh dim, even or not) gives the
+    group and every rank's rows (``_dtensor.py``); a DTensor ``hidden`` gives DTensor outputs.
     """
+    if _dtensor.any_dtensor(hidden, weight, targets):
+        return _dtensor.fused_linear_logprobs(
+            _fused_call, hidden, weight, targets, group=group, contract=contract,
+            real_vocab=real_vocab, entropy=entropy, temperature=temperature,
+            tile_width=tile_width, ignore_index=ignore_index, validate=validate,
+            threads=threads, kernel=kernel)
+    return _fused_call(hidden, weight, targets, group=group, real_vocab=real_vocab,
+                       contract=contract, entropy=entropy, temperature=temperature,
+                       tile_width=tile_width, ignore_index=ignore_index, validate=validate,
+                       threads=threads, kernel=kernel)
+
+
+def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperature,
+                tile_width, ignore_index, validate, threads, kernel, contract=None, bounds=None):
+    """``fused_linear_logprobs`` on plain tensors; ``bounds``: every rank's weight rows
+    (default: even shards)."""
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
     with peers_fail_on_error(group):
         check_bool(entropy, "entropy")
@@ -211,7 +233,7 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
             comm = None if group is None else communicator_for(group, 2)
             if not no_tokens:
                 contract = _default_contract(hv, wv, tg, comm, real_vocab, tile_width,
-                                             temperature, ignore_index)
+                                             temperature, ignore_index, bounds)
         elif not isinstance(contract, LogprobContract):
             raise LogprobContractError("contract must be a LogprobContract")
         if not no_tokens:

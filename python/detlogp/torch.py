@@ -16,7 +16,7 @@ This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolut
 import numpy as np
 import torch
 
-from detlogp import _autograd, _detlogp
+from detlogp import _autograd, _detlogp, _dtensor
 from detlogp._buffers import kernel_threads, platform_of, tensor_view
 from detlogp._call import LogitsCall, join_without_tokens
 from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
@@ -357,7 +357,17 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
 
     Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
+
+    DTensor ``logits`` (vocab ``Shard(-1)`` on a DeviceMesh dim): the group and the
+    ``vocab_start`` table come from the mesh, the outputs are DTensors (``_dtensor.py``).
     """
+    if _dtensor.any_dtensor(logits, targets, loss_mask):
+        return _dtensor.vocab_parallel_logprobs(
+            vocab_parallel_logprobs, logits, targets, group=group, vocab_start=vocab_start,
+            loss_mask=loss_mask, real_vocab=real_vocab, ignore_index=ignore_index,
+            temperature=temperature, entropy=entropy, deterministic=deterministic,
+            threads=threads, tile_width=tile_width, entropy_grad=entropy_grad,
+            return_contract=return_contract, cache=cache)
     cache = DEFAULT_CACHE if cache is None else cache
     group = resolve_group(group, "vocab_parallel_logprobs")
     comm = cache.communicator(group)
@@ -399,7 +409,8 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=
         raise LogprobContractError(
             f"label_smoothing={label_smoothing} is not supported: detlogp computes the "
             "selected-token logprob only; pass label_smoothing=0.0")
-    group = resolve_group(group, "vocab_parallel_cross_entropy")
+    if not _dtensor.is_dtensor(vocab_parallel_logits):  # a DTensor's mesh says its group
+        group = resolve_group(group, "vocab_parallel_cross_entropy")
     logp = vocab_parallel_logprobs(vocab_parallel_logits, target, group=group,
                                    real_vocab=real_vocab, ignore_index=ignore_index,
                                    threads=threads)
@@ -409,7 +420,8 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=
 def vocab_parallel_log_probs_from_logits(logits, labels, *, group=None, real_vocab=None,
                                          ignore_index=-100, threads=None):
     """verl's Megatron helper of the same name: ``-vocab_parallel_cross_entropy``."""
-    group = resolve_group(group, "vocab_parallel_log_probs_from_logits")
+    if not _dtensor.is_dtensor(logits):  # a DTensor's mesh says its group
+        group = resolve_group(group, "vocab_parallel_log_probs_from_logits")
     return vocab_parallel_logprobs(logits, labels, group=group, real_vocab=real_vocab,
                                    ignore_index=ignore_index, threads=threads)
 
@@ -423,7 +435,8 @@ def logprobs_from_logits(logits, labels, inplace_backward=True, *, real_vocab=No
     its gradient goes into a pooled buffer (docs/python.md).
     """
     check_bool(inplace_backward, "inplace_backward")
-    return vocab_parallel_logprobs(logits, labels, group=_ONE_RANK, real_vocab=real_vocab,
+    one_rank = None if _dtensor.is_dtensor(logits) else _ONE_RANK  # DTensor: the mesh's
+    return vocab_parallel_logprobs(logits, labels, group=one_rank, real_vocab=real_vocab,
                                    ignore_index=ignore_index, threads=threads)
 
 

@@ -1,0 +1,198 @@
+"""DTensor inputs: a vocab-sharded ``torch.distributed.tensor.DTensor`` in, DTensors out.
+
+    logits = DTensor [..., vocab], Shard(-1) on the TP dim of its DeviceMesh (1-D, or 2-D DP x TP)
+    logp = vocab_parallel_logprobs(logits, targets)      # a DTensor, Replicate on the TP dim
+
+What a DTensor says replaces three arguments of a plain call (docs/python.md, "DTensor
+inputs"): the TP group is the mesh's group on the mesh dim that shards the vocabulary, this
+rank's shard is ``to_local()``, and the table of every rank's vocab bounds is DTensor's own
+split of the global vocabulary (``torch.chunk``'s rule: ``ceil(V / tp)`` columns per rank, the
+last ranks fewer, ``Shard.local_shard_size_and_offset``). The call then runs on the local
+tensors exactly as a plain call with ``group=`` and ``vocab_start=`` that table, so the bits are
+the plain call's. Outputs are DTensors on the same mesh: Replicate on the TP dim (every TP rank
+holds the same bits), the logits' own placement of the token dims on every other mesh dim.
+``to_local()`` and ``DTensor.from_local`` are differentiable, so the gradient reaches the
+DTensor input as a DTensor with its placements.
+
+This module imports nothing of torch.distributed: a DTensor exists only once its module is
+imported, so ``is_dtensor`` looks the module up in ``sys.modules``.
+"""
+
+import sys
+
+from ._detlogp import LogprobContractError
+
+
+def _tensor_module():
+    return sys.modules.get("torch.distributed.tensor")
+
+
+def is_dtensor(x):
+    """``x`` is a DTensor (False without importing anything when no DTensor can exist)."""
+    mod = _tensor_module()
+    cls = getattr(mod, "DTensor", None) if mod is not None else None
+    return cls is not None and isinstance(x, cls)
+
+
+def any_dtensor(*xs):
+    return any(is_dtensor(x) for x in xs)
+
+
+def _placements_text(placements):
+    return "(" + ", ".join(repr(p) for p in placements) + ")"
+
+
+class _Sharded:
+    """A DTensor whose dim ``vocab_dim`` is the vocabulary: its local tensor, its mesh, the mesh
+    dim that shards the vocabulary (None: every rank holds all of it), that dim's process group,
+    this rank's index on it, the bounds table and the placements of the outputs."""
+
+    def __init__(self, dt, vocab_dim, token_dims, name):
+        mod = _tensor_module()
+        shard, replicate = mod.Shard, mod.Replicate
+        self.mesh, self.placements = dt.device_mesh, tuple(dt.placements)
+        vocab_dim %= dt.dim()
+        self.tp_dim = None
+        for i, p in enumerate(self.placements):
+            if type(p) is replicate or (type(p) is shard and p.dim % dt.dim() in token_dims):
+                continue
+            if type(p) is shard and p.dim % dt.dim() == vocab_dim and self.tp_dim is None:
+                self.tp_dim = i
+                continue
+            raise LogprobContractError(
+                f"{name}: a DTensor with placements {_placements_text(self.placements)} on a "
+                f"mesh of shape {tuple(self.mesh.shape)}: placement {p!r} on mesh dim {i} is not "
+                f"supported. detlogp takes the vocabulary (dim {vocab_dim}) sharded by one mesh "
+                "dim, Shard(dim), and every other mesh dim Replicate"
+                + (" or Shard of a token dim" if token_dims else "")
+                + f"; fix: {name}.redistribute(mesh, placements) to such placements first")
+        vocab = dt.shape[vocab_dim]
+        if self.tp_dim is None:  # the whole vocabulary on every rank
+            self.group, self.tp, self.rank = None, 1, 0
+            self.bounds = ((0, vocab),)
+        else:
+            self.group = self.mesh.get_group(self.tp_dim)
+            self.tp = self.mesh.size(self.tp_dim)
+            self.rank = self.mesh.get_local_rank(self.tp_dim)
+            self.bounds = vocab_bounds(vocab, self.tp)
+        self.local = dt.to_local()
+        start, end = self.bounds[self.rank]
+        if self.local.shape[vocab_dim] != end - start:
+            raise LogprobContractError(
+                f"{name}: this rank's local shard has {self.local.shape[vocab_dim]} vocab "
+                f"columns but DTensor's split of {vocab} columns over {self.tp} ranks gives "
+                f"rank {self.rank} the columns [{start}, {end}); pass a DTensor made by "
+                "distribute_tensor or DTensor.from_local with the global shape")
+        self.out_placements = tuple(
+            replicate() if i == self.tp_dim else p for i, p in enumerate(self.placements))
+
+    @property
+    def comm(self):
+        """The group of a plain call: the TP dim's process group, or one rank."""
+        if self.group is not None:
+            return self.group
+        from ._comm import SelfComm
+
+        return SelfComm()
+
+
+def vocab_bounds(vocab, tp):
+    """Every TP rank's ``(start, end)`` of a DTensor's ``Shard`` of ``vocab`` columns over
+    ``tp`` ranks: DTensor's own rule (``torch.chunk``'s: ``ceil(vocab / tp)`` per rank, the
+    last ones fewer, possibly none)."""
+    shard = _tensor_module().Shard
+    size_and_offset = getattr(shard, "local_shard_size_and_offset", None)
+    bounds = []
+    for r in range(tp):
+        if size_and_offset is not None:
+            size, start = (int(v) for v in size_and_offset(vocab, tp, r))
+        else:  # torch.chunk's rule, as DTensor documents it
+            chunk = -(-vocab // tp)
+            start = min(vocab, chunk * r)
+            size = min(vocab, start + chunk) - start
+        bounds.append((start, start + size))
+    return tuple(bounds)
+
+
+def _local_of(x, sharded, name):
+    """``x``'s local tensor: a plain tensor as is; a DTensor must be on the mesh of the sharded
+    input with the outputs' placements (Replicate on the TP dim, the sharded input's placement
+    of the token dims elsewhere), so that its local tensor holds this rank's tokens."""
+    if not is_dtensor(x):
+        return x
+    if x.device_mesh != sharded.mesh or tuple(x.placements) != sharded.out_placements:
+        raise LogprobContractError(
+            f"{name} is a DTensor with placements {_placements_text(x.placements)} but the "
+            f"tokens are laid out as {_placements_text(sharded.out_placements)} on the "
+            f"sharded input's mesh (Replicate on the TP dim); pass {name}.redistribute(mesh, "
+            f"{_placements_text(sharded.out_placements)}) or this rank's plain tensor")
+    return x.to_local()
+
+
+def _wrap(out, sharded, lead_shape):
+    """A local output [tokens...] as a DTensor of the global ``lead_shape``."""
+    dtensor = _tensor_module().DTensor
+    stride, step = [], 1
+    for n in reversed(lead_shape):
+        stride.insert(0, step)
+        step *= max(n, 1)
+    return dtensor.from_local(out, sharded.mesh, sharded.out_placements, run_check=False,
+                              shape=tuple(lead_shape), stride=tuple(stride))
+
+
+def _given_twice(name, group, vocab_start):
+    if group is not None or vocab_start is not None:
+        which = "group" if group is not None else "vocab_start"
+        raise LogprobContractError(
+            f"{name}: {which}= was given with DTensor logits, whose mesh already says the TP "
+            f"group and the vocab bounds; drop {which}= (or pass logits.to_local())")
+
+
+def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mask, **kwargs):
+    """``fn`` (``detlogp.torch.vocab_parallel_logprobs``) on DTensor logits: the plain call on
+    the local tensors, the outputs wrapped (the contract, when asked for, as it is)."""
+    if not is_dtensor(logits):
+        raise LogprobContractError(
+            "targets or loss_mask is a DTensor but logits is not; pass DTensor logits "
+            "(vocab Shard(-1)) or plain tensors throughout")
+    _given_twice("vocab_parallel_logprobs", group, vocab_start)
+    sharded = _Sharded(logits, -1, range(logits.dim() - 1), "logits")
+    out = fn(sharded.local, _local_of(targets, sharded, "targets"),
+             group=sharded.comm, vocab_start=list(sharded.bounds),
+             loss_mask=_local_of(loss_mask, sharded, "loss_mask"), **kwargs)
+    lead = tuple(logits.shape[:-1])
+    if isinstance(out, tuple):
+        return tuple(o if not _is_tensor(o) else _wrap(o, sharded, lead) for o in out)
+    return _wrap(out, sharded, lead)
+
+
+def fused_linear_logprobs(fn, hidden, weight, targets, *, group, contract, **kwargs):
+    """``fn`` (the fused op's call with a bounds table) on a DTensor lm_head weight [vocab, H]
+    (Shard(0) on the TP dim, Replicate on any other mesh dim): the group and the bounds from its
+    mesh. ``hidden`` [tokens, H]: a plain tensor (plain outputs) or a DTensor Replicate on the
+    weight's mesh (Replicate DTensor outputs)."""
+    name = "fused_linear_logprobs"
+    if not is_dtensor(weight):
+        raise LogprobContractError(
+            f"{name}: hidden or targets is a DTensor but weight is not; pass the lm_head weight "
+            "as a DTensor (vocab rows Shard(0) on the TP dim) or plain tensors throughout")
+    if group is not None or contract is not None:
+        which = "group" if group is not None else "contract"
+        raise LogprobContractError(
+            f"{name}: {which}= was given with a DTensor weight, whose mesh already says the TP "
+            f"group and the vocab bounds; drop {which}= (or pass weight.to_local())")
+    sharded = _Sharded(weight, 0, (), "weight")
+    # hidden: on the weight's mesh, Replicate everywhere (its tokens are every rank's; on a
+    # DP x TP mesh the DTensors of a TP layer live on the TP sub-mesh, mesh["tp"]).
+    local_hidden = _local_of(hidden, sharded, "hidden")
+    out = fn(local_hidden, sharded.local, _local_of(targets, sharded, "targets"),
+             group=sharded.comm, bounds=sharded.bounds, **kwargs)
+    if not is_dtensor(hidden):
+        return out
+    return tuple(_wrap(o, sharded, (hidden.shape[0],)) for o in out)
+
+
+def _is_tensor(x):
+    import torch
+
+    return isinstance(x, torch.Tensor)

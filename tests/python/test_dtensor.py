@@ -1,0 +1,98 @@
+"""DTensor inputs over gloo (spawned ranks): DTensor logits sharded on the vocabulary (Shard(-1))
+on a 1-D TP mesh (TP=2; TP=3 with DTensor's uneven split) and on a DP=2 x TP=2 mesh; the fused
+lm_head's DTensor weight (Shard(0)) on the TP (sub-)mesh. Outputs are DTensors Replicate on the
+TP dim, bitwise equal to the plain-tensor call and to TP=1; the gradient is a DTensor with the
+input's placements. torch's own loss_parallel cross entropy changes bits with the TP degree."""
+
+import pytest
+import torch
+
+from helpers import assert_bitwise
+from spawn import run_workers
+
+TIMEOUT_S = 300
+TOPOLOGIES = {"tp2": 2, "tp3": 3, "dp2xtp2": 4}
+DTYPES = ["torch.float32", "torch.bfloat16"]
+
+
+@pytest.fixture(scope="module", params=list(TOPOLOGIES))
+def topology(request, tmp_path_factory):
+    import dtensor_worker
+
+    name = request.param
+    ranks = run_workers(dtensor_worker.main, tmp_path_factory.mktemp(name), TOPOLOGIES[name],
+                        TIMEOUT_S, name)[0]
+    return name, ranks
+
+
+def _tp(name, rank):
+    """(TP degree, TP rank, DP rank) of ``rank`` on the mesh ``name`` (DP-major)."""
+    if name == "dp2xtp2":
+        return 2, rank % 2, rank // 2
+    return TOPOLOGIES[name], rank, 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("targets", [False, True])
+def test_dtensor_logits_bitwise_equal_to_plain_call_and_tp1(topology, dtype, targets):
+    name, ranks = topology
+    for rank, res in enumerate(ranks):
+        got = res[f"logprobs {dtype} dtensor-targets={targets}"]
+        what = f"{name} rank {rank}"
+        # DTensor's own split of the vocabulary is torch.chunk's (uneven at TP=3).
+        assert got["columns"] == got["table"][_tp(name, rank)[1]], what
+        for out in ("logp", "entropy"):
+            assert_bitwise(got[out], got[f"plain_{out}"], f"{out} vs plain, {what}")
+            assert_bitwise(got[out], got[f"ref_{out}"], f"{out} vs TP=1, {what}")
+        assert_bitwise(got["grad"], got["plain_grad"], f"grad vs plain, {what}")
+        assert_bitwise(got["grad"], got["ref_grad"], f"grad vs TP=1, {what}")
+        assert_bitwise(got["cross_entropy"], -got["unmasked_logp"], f"cross entropy, {what}")
+        # DTensors out, Replicate on the TP dim; the gradient keeps the input's placements.
+        assert got["outputs"] == ["DTensor", "DTensor"] and got["grad_type"] == "DTensor"
+        want = ["Shard(dim=0)", "Replicate()"] if name == "dp2xtp2" else ["Replicate()"]
+        assert got["placements"] == want, what
+        assert got["grad_placements"] == got["input_placements"], what
+        assert got["global_shape"] == (4, 9), what
+    if name == "tp3":
+        assert [tuple(b) for b in ranks[0][f"logprobs {dtype} dtensor-targets=False"]
+                ["table"]] == [(0, 384), (384, 768), (768, 1150)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_dtensor_weight_bitwise_equal_to_tp1(topology, dtype):
+    name, ranks = topology
+    for rank, res in enumerate(ranks):
+        got, what = res[f"fused {dtype}"], f"{name} rank {rank}"
+        for out in ("logp", "lse", "grad_weight", "grad_hidden"):
+            assert_bitwise(got[out], got[f"ref_{out}"], f"{out}, {what}")
+        assert got["placements"] == ["Replicate()"], what
+        assert got["grad_weight_placements"] == ["Shard(dim=0)"], what
+        assert got["grad_hidden_placements"] == ["Replicate()"], what
+
+
+def test_torch_loss_parallel_changes_bits_with_tp_detlogp_does_not(topology):
+    name, ranks = topology
+    if name != "tp2":
+        pytest.skip("run on the TP=2 mesh")
+    for rank, res in enumerate(ranks):
+        got = res["loss_parallel"]
+        # Both compute the same loss: torch's TP=2 and TP=1 agree to rounding...
+        torch.testing.assert_close(got["torch_tp"], got["torch_tp1"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["detlogp_tp"], got["torch_tp1"], rtol=1e-5, atol=1e-5)
+        # ... but torch's bits move with the TP degree on some tokens, detlogp's on none.
+        differ = int((got["torch_tp"] != got["torch_tp1"]).sum())
+        assert differ > 0, f"rank {rank}: torch's TP=2 bits equal TP=1 on every token"
+        assert_bitwise(got["detlogp_tp"], got["detlogp_tp1"], f"detlogp, rank {rank}")
+        print(f"loss_parallel: {differ} of {got['torch_tp'].numel()} tokens differ at TP=2")
+
+
+def test_dtensor_misuse_fails_with_the_fix(topology):
+    name, ranks = topology
+    if name != "tp2":
+        pytest.skip("run on the TP=2 mesh")
+    for res in ranks:
+        assert "LogprobContractError" in res["group given"]["message"]
+        assert "drop group=" in res["group given"]["message"]
+        assert "Partial" in res["partial"]["message"]
+        assert "redistribute" in res["partial"]["message"]
+        assert "logits is not" in res["plain logits, DTensor targets"]["message"]
