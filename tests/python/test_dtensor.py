@@ -7,8 +7,10 @@ input's placements. torch's own loss_parallel cross entropy changes bits with th
 import pytest
 import torch
 
-from helpers import assert_bitwise
-from spawn import run_workers
+pytest.importorskip("torch.distributed.tensor", reason="DTensor needs torch >= 2.4")
+
+from helpers import assert_bitwise  # noqa: E402
+from spawn import run_workers  # noqa: E402
 
 TIMEOUT_S = 300
 TOPOLOGIES = {"tp2": 2, "tp3": 3, "dp2xtp2": 4}
