@@ -47,17 +47,24 @@ def _mesh(topology):
     return init_device_mesh("cpu", (int(topology[2:]),), mesh_dim_names=("tp",))
 
 
-def _logprobs(mesh, topology, dtype, targets_as_dtensor):
+def _logprobs(mesh, topology, dtype, targets_as_dtensor, sub_mesh=False):
     """detlogp on the DTensor logits [B, S, V] (its tokens Shard(0) on "dp" where the mesh has
-    it), its plain call on the local tensors, and the TP=1 reference of this rank's rows."""
+    it; with ``sub_mesh``, this DP rank's rows on the TP sub-mesh mesh["tp"]), its plain call on
+    the local tensors, and the TP=1 reference of this rank's rows."""
     import torch
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     import detlogp
-    from detlogp.torch import vocab_parallel_cross_entropy, vocab_parallel_logprobs
+    from detlogp.torch import (logprobs_from_logits, vocab_parallel_cross_entropy,
+                               vocab_parallel_log_probs_from_logits, vocab_parallel_logprobs)
 
     padded, real, _ = VOCAB[topology]
     full, ids, mask, coef = _data(padded, real, dtype)
+    if sub_mesh:  # each DP group its own rows, on its own TP sub-mesh
+        dp = mesh.get_local_rank("dp")
+        rows = slice(dp * B // 2, (dp + 1) * B // 2)
+        full, ids, mask, coef = full[rows], ids[rows], mask[rows], coef[:, rows]
+        mesh = mesh["tp"]
     two_d = mesh.ndim == 2
     logits_pl = (Shard(0), Shard(2)) if two_d else (Shard(2),)
     token_pl = (Shard(0), Replicate()) if two_d else (Replicate(),)
@@ -104,7 +111,10 @@ def _logprobs(mesh, topology, dtype, targets_as_dtensor):
     with torch.no_grad():
         ce = vocab_parallel_cross_entropy(dt, tgt, real_vocab=real)
         unmasked = vocab_parallel_logprobs(dt, tgt, real_vocab=real)
-    out.update(cross_entropy=ce.to_local(), unmasked_logp=unmasked.to_local())
+        verl_tp = vocab_parallel_log_probs_from_logits(dt, tgt, real_vocab=real)
+        verl = logprobs_from_logits(dt, tgt, real_vocab=real)
+    out.update(cross_entropy=ce.to_local(), unmasked_logp=unmasked.to_local(),
+               verl_tp=verl_tp.to_local(), verl=verl.to_local())
     return out
 
 
@@ -191,6 +201,8 @@ def _body(topology):
         for as_dt in (False, True):
             out[f"logprobs {dtype} dtensor-targets={as_dt}"] = _logprobs(mesh, topology, dtype,
                                                                          as_dt)
+        if topology == "dp2xtp2":
+            out[f"logprobs {dtype} sub-mesh"] = _logprobs(mesh, topology, dtype, True, True)
         out[f"fused {dtype}"] = _fused(mesh, topology, dtype)
     if topology == "tp2":
         out["loss_parallel"] = _loss_parallel(mesh)

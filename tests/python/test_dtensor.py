@@ -35,12 +35,15 @@ def _tp(name, rank):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("targets", [False, True])
-def test_dtensor_logits_bitwise_equal_to_plain_call_and_tp1(topology, dtype, targets):
+@pytest.mark.parametrize("case", ["dtensor-targets=False", "dtensor-targets=True", "sub-mesh"])
+def test_dtensor_logits_bitwise_equal_to_plain_call_and_tp1(topology, dtype, case):
     name, ranks = topology
+    if case == "sub-mesh" and name != "dp2xtp2":
+        pytest.skip("the TP sub-mesh of the DP x TP mesh")
+    two_d = name == "dp2xtp2" and case != "sub-mesh"
     for rank, res in enumerate(ranks):
-        got = res[f"logprobs {dtype} dtensor-targets={targets}"]
-        what = f"{name} rank {rank}"
+        got = res[f"logprobs {dtype} {case}"]
+        what = f"{name} {case} rank {rank}"
         # DTensor's own split of the vocabulary is torch.chunk's (uneven at TP=3).
         assert got["columns"] == got["table"][_tp(name, rank)[1]], what
         for out in ("logp", "entropy"):
@@ -48,16 +51,19 @@ def test_dtensor_logits_bitwise_equal_to_plain_call_and_tp1(topology, dtype, tar
             assert_bitwise(got[out], got[f"ref_{out}"], f"{out} vs TP=1, {what}")
         assert_bitwise(got["grad"], got["plain_grad"], f"grad vs plain, {what}")
         assert_bitwise(got["grad"], got["ref_grad"], f"grad vs TP=1, {what}")
+        # The drop-ins take the DTensor too (the group from the mesh, even verl's one-rank one).
         assert_bitwise(got["cross_entropy"], -got["unmasked_logp"], f"cross entropy, {what}")
+        assert_bitwise(got["verl_tp"], got["unmasked_logp"], f"verl TP drop-in, {what}")
+        assert_bitwise(got["verl"], got["unmasked_logp"], f"verl drop-in, {what}")
         # DTensors out, Replicate on the TP dim; the gradient keeps the input's placements.
         assert got["outputs"] == ["DTensor", "DTensor"] and got["grad_type"] == "DTensor"
-        want = ["Shard(dim=0)", "Replicate()"] if name == "dp2xtp2" else ["Replicate()"]
+        want = ["Shard(dim=0)", "Replicate()"] if two_d else ["Replicate()"]
         assert got["placements"] == want, what
         assert got["grad_placements"] == got["input_placements"], what
-        assert got["global_shape"] == (4, 9), what
+        assert got["global_shape"] == ((2, 9) if case == "sub-mesh" else (4, 9)), what
     if name == "tp3":
-        assert [tuple(b) for b in ranks[0][f"logprobs {dtype} dtensor-targets=False"]
-                ["table"]] == [(0, 384), (384, 768), (768, 1150)]
+        assert [tuple(b) for b in ranks[0][f"logprobs {dtype} {case}"]["table"]] == [
+            (0, 384), (384, 768), (768, 1150)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -167,16 +167,16 @@ def test_logp_and_gradient_within_the_documented_bound_of_a_float64_oracle(p):
 
     # The gradient of w1 * logp + w2 * entropy. The canon's backward computes p = exp(z - LSE)
     # with LSE off by at most lse_err and exp within 1 ulp, so p is off by a relative
-    # (lse_err + 2^-22) (e^x - 1 <= 2x for x this small); each term (numerics.md, "Backward") carries that error times its
-    # factor, plus a few fp32 roundings of its value, then one division by tau and, for bf16
-    # and fp16, the narrowing (half an ulp of the dtype).
+    # (lse_err + 2^-22) (e^x - 1 <= 2x for x this small); each term (numerics.md, "Backward")
+    # carries that error times its factor, plus a few fp32 roundings of its value, then one
+    # division by tau and, for bf16 and fp16, the narrowing (half an ulp of the dtype).
     w1 = torch.where(active, weights[0].reshape(n), torch.zeros(n)).double()
     w2 = weights[1].reshape(n).double()
     onehot = torch.zeros_like(z).scatter_(1, safe[:, None], 1.0) * active[:, None]
     dz = w1[:, None] * (onehot - prob) + w2[:, None] * (prob * (lse[:, None] - z - ent[:, None]))
     expect = dz / tau
-    factor = (w1.abs()[:, None] + w2.abs()[:, None] * ((lse[:, None] - z).abs() + ent.abs()[:, None]
-                                                        + 1)) / tau
+    spread = (lse[:, None] - z).abs() + ent.abs()[:, None] + 1
+    factor = (w1.abs()[:, None] + w2.abs()[:, None] * spread) / tau
     rel = torch.from_numpy(lse_err)[:, None] + 2.0**-22
     # det_exp's 1 ulp holds on [-87, 0] (numerics.md): below, p is under the smallest normal
     # float, 2^-126, and may be off by that much.
