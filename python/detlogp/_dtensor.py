@@ -18,6 +18,7 @@ This module imports nothing of torch.distributed: a DTensor exists only once its
 imported, so ``is_dtensor`` looks the module up in ``sys.modules``.
 """
 
+import contextlib
 import sys
 
 from ._detlogp import LogprobContractError
@@ -140,6 +141,19 @@ def _wrap(out, sharded, lead_shape):
                               shape=tuple(lead_shape), stride=tuple(stride))
 
 
+@contextlib.contextmanager
+def _from_the_mesh(sharded, name):
+    """A contract error of the plain call names where its group and bounds came from: the
+    caller passed neither, the DTensor did."""
+    try:
+        yield
+    except LogprobContractError as e:
+        where = ("one rank (no mesh dim shards the vocabulary)" if sharded.tp_dim is None else
+                 f"TP group = mesh dim {sharded.tp_dim} of the mesh {tuple(sharded.mesh.shape)}, "
+                 f"vocab bounds = DTensor's split {list(sharded.bounds)}")
+        raise LogprobContractError(f"{e} [{name} is a DTensor: {where}]") from e
+
+
 def _given_twice(name, group, vocab_start):
     if group is not None or vocab_start is not None:
         which = "group" if group is not None else "vocab_start"
@@ -157,9 +171,10 @@ def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mas
             "(vocab Shard(-1)) or plain tensors throughout")
     _given_twice("vocab_parallel_logprobs", group, vocab_start)
     sharded = _Sharded(logits, -1, range(logits.dim() - 1), "logits")
-    out = fn(sharded.local, _local_of(targets, sharded, "targets"),
-             group=sharded.comm, vocab_start=list(sharded.bounds),
-             loss_mask=_local_of(loss_mask, sharded, "loss_mask"), **kwargs)
+    with _from_the_mesh(sharded, "logits"):
+        out = fn(sharded.local, _local_of(targets, sharded, "targets"),
+                 group=sharded.comm, vocab_start=list(sharded.bounds),
+                 loss_mask=_local_of(loss_mask, sharded, "loss_mask"), **kwargs)
     lead = tuple(logits.shape[:-1])
     if isinstance(out, tuple):
         return tuple(o if not _is_tensor(o) else _wrap(o, sharded, lead) for o in out)
@@ -185,8 +200,9 @@ def fused_linear_logprobs(fn, hidden, weight, targets, *, group, contract, **kwa
     # hidden: on the weight's mesh, Replicate everywhere (its tokens are every rank's; on a
     # DP x TP mesh the DTensors of a TP layer live on the TP sub-mesh, mesh["tp"]).
     local_hidden = _local_of(hidden, sharded, "hidden")
-    out = fn(local_hidden, sharded.local, _local_of(targets, sharded, "targets"),
-             group=sharded.comm, bounds=sharded.bounds, **kwargs)
+    with _from_the_mesh(sharded, "weight"):
+        out = fn(local_hidden, sharded.local, _local_of(targets, sharded, "targets"),
+                 group=sharded.comm, bounds=sharded.bounds, **kwargs)
     if not is_dtensor(hidden):
         return out
     return tuple(_wrap(o, sharded, (hidden.shape[0],)) for o in out)

@@ -104,3 +104,7 @@ def test_dtensor_misuse_fails_with_the_fix(topology):
         assert "Partial" in res["partial"]["message"]
         assert "redistribute" in res["partial"]["message"]
         assert "logits is not" in res["plain logits, DTensor targets"]["message"]
+        off = res["off the tiles"]["message"]
+        assert "not a multiple of the vocab tile width 128" in off, off
+        assert "DTensor's split [(0, 500), (500, 1000)]" in off, off
+        assert "megatron_padded_vocab(1000, 2) = 1024" in off, off
