@@ -7,7 +7,7 @@ What a DTensor says replaces three arguments of a plain call (docs/python.md, "D
 inputs"): the TP group is the mesh's group on the mesh dim that shards the vocabulary, this
 rank's shard is ``to_local()``, and the table of every rank's vocab bounds is DTensor's own
 split of the global vocabulary (``torch.chunk``'s rule: ``ceil(V / tp)`` columns per rank, the
-last ranks fewer, ``Shard.local_shard_size_and_offset``). The call then runs on the local
+last ranks fewer: ``Shard.local_shard_size_and_offset``). The call then runs on the local
 tensors exactly as a plain call with ``group=`` and ``vocab_start=`` that table, so the bits are
 the plain call's. Outputs are DTensors on the same mesh: Replicate on the TP dim (every TP rank
 holds the same bits), the logits' own placement of the token dims on every other mesh dim.
@@ -21,7 +21,10 @@ imported, so ``is_dtensor`` looks the module up in ``sys.modules``.
 import contextlib
 import sys
 
+from ._comm import SelfComm, peers_fail_on_error
 from ._detlogp import LogprobContractError
+
+_ONE_RANK = SelfComm()  # the group of a DTensor whose vocabulary no mesh dim shards
 
 
 def _tensor_module():
@@ -45,8 +48,9 @@ def _placements_text(placements):
 
 class _Sharded:
     """A DTensor whose dim ``vocab_dim`` is the vocabulary: its local tensor, its mesh, the mesh
-    dim that shards the vocabulary (None: every rank holds all of it), that dim's process group,
-    this rank's index on it, the bounds table and the placements of the outputs."""
+    dim that shards the vocabulary (None: every rank holds all of it), that dim's process group
+    (``comm``), this rank's index on it, the bounds table and the placements of the outputs.
+    Its placement checks depend on the DTensor's metadata only, the same on every rank."""
 
     def __init__(self, dt, vocab_dim, token_dims, name):
         mod = _tensor_module()
@@ -67,52 +71,39 @@ class _Sharded:
                 "dim, Shard(dim), and every other mesh dim Replicate"
                 + (" or Shard of a token dim" if token_dims else "")
                 + f"; fix: {name}.redistribute(mesh, placements) to such placements first")
+        self.vocab_dim, self.name = vocab_dim, name
         vocab = dt.shape[vocab_dim]
         if self.tp_dim is None:  # the whole vocabulary on every rank
-            self.group, self.tp, self.rank = None, 1, 0
+            self.comm, self.tp, self.rank = _ONE_RANK, 1, 0
             self.bounds = ((0, vocab),)
         else:
-            self.group = self.mesh.get_group(self.tp_dim)
+            self.comm = self.mesh.get_group(self.tp_dim)
             self.tp = self.mesh.size(self.tp_dim)
             self.rank = self.mesh.get_local_rank(self.tp_dim)
             self.bounds = vocab_bounds(vocab, self.tp)
         self.local = dt.to_local()
-        start, end = self.bounds[self.rank]
-        if self.local.shape[vocab_dim] != end - start:
-            raise LogprobContractError(
-                f"{name}: this rank's local shard has {self.local.shape[vocab_dim]} vocab "
-                f"columns but DTensor's split of {vocab} columns over {self.tp} ranks gives "
-                f"rank {self.rank} the columns [{start}, {end}); pass a DTensor made by "
-                "distribute_tensor or DTensor.from_local with the global shape")
         self.out_placements = tuple(
             replicate() if i == self.tp_dim else p for i, p in enumerate(self.placements))
 
-    @property
-    def comm(self):
-        """The group of a plain call: the TP dim's process group, or one rank."""
-        if self.group is not None:
-            return self.group
-        from ._comm import SelfComm
-
-        return SelfComm()
+    def check_local(self):
+        """This rank's shard is the one the bounds table gives it (the only check that
+        depends on the rank: run where a failure fails the peers too)."""
+        start, end = self.bounds[self.rank]
+        width = self.local.shape[self.vocab_dim]
+        if width != end - start:
+            raise LogprobContractError(
+                f"{self.name}: this rank's local shard has {width} vocab columns but DTensor's "
+                f"split of {self.bounds[-1][1]} columns over {self.tp} ranks gives TP rank "
+                f"{self.rank} the columns [{start}, {end}); pass a DTensor made by "
+                "distribute_tensor, or by DTensor.from_local with the global shape")
 
 
 def vocab_bounds(vocab, tp):
     """Every TP rank's ``(start, end)`` of a DTensor's ``Shard`` of ``vocab`` columns over
-    ``tp`` ranks: DTensor's own rule (``torch.chunk``'s: ``ceil(vocab / tp)`` per rank, the
-    last ones fewer, possibly none)."""
-    shard = _tensor_module().Shard
-    size_and_offset = getattr(shard, "local_shard_size_and_offset", None)
-    bounds = []
-    for r in range(tp):
-        if size_and_offset is not None:
-            size, start = (int(v) for v in size_and_offset(vocab, tp, r))
-        else:  # torch.chunk's rule, as DTensor documents it
-            chunk = -(-vocab // tp)
-            start = min(vocab, chunk * r)
-            size = min(vocab, start + chunk) - start
-        bounds.append((start, start + size))
-    return tuple(bounds)
+    ``tp`` ranks: DTensor's rule, ``torch.chunk``'s (``Shard.local_shard_size_and_offset``):
+    ``ceil(vocab / tp)`` columns per rank, the last ones fewer, possibly none."""
+    chunk = -(-vocab // tp)
+    return tuple((min(vocab, chunk * r), min(vocab, chunk * (r + 1))) for r in range(tp))
 
 
 def _local_of(x, sharded, name):
@@ -154,12 +145,14 @@ def _from_the_mesh(sharded, name):
         raise LogprobContractError(f"{e} [{name} is a DTensor: {where}]") from e
 
 
-def _given_twice(name, group, vocab_start):
-    if group is not None or vocab_start is not None:
-        which = "group" if group is not None else "vocab_start"
-        raise LogprobContractError(
-            f"{name}: {which}= was given with DTensor logits, whose mesh already says the TP "
-            f"group and the vocab bounds; drop {which}= (or pass logits.to_local())")
+def _refuse_given(name, sharded_name, **given):
+    """``group=`` (and the other arguments a DTensor says itself) next to a DTensor."""
+    for which, value in given.items():
+        if value is not None:
+            raise LogprobContractError(
+                f"{name}: {which}= was given with a DTensor {sharded_name}, whose mesh already "
+                f"says the TP group and the vocab bounds; drop {which}= (or pass "
+                f"{sharded_name}.to_local())")
 
 
 def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mask, **kwargs):
@@ -169,12 +162,15 @@ def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mas
         raise LogprobContractError(
             "targets or loss_mask is a DTensor but logits is not; pass DTensor logits "
             "(vocab Shard(-1)) or plain tensors throughout")
-    _given_twice("vocab_parallel_logprobs", group, vocab_start)
+    _refuse_given("vocab_parallel_logprobs", "logits", group=group, vocab_start=vocab_start)
     sharded = _Sharded(logits, -1, range(logits.dim() - 1), "logits")
+    with peers_fail_on_error(sharded.comm):
+        sharded.check_local()
+        targets = _local_of(targets, sharded, "targets")
+        loss_mask = _local_of(loss_mask, sharded, "loss_mask")
     with _from_the_mesh(sharded, "logits"):
-        out = fn(sharded.local, _local_of(targets, sharded, "targets"),
-                 group=sharded.comm, vocab_start=list(sharded.bounds),
-                 loss_mask=_local_of(loss_mask, sharded, "loss_mask"), **kwargs)
+        out = fn(sharded.local, targets, group=sharded.comm, vocab_start=list(sharded.bounds),
+                 loss_mask=loss_mask, **kwargs)
     lead = tuple(logits.shape[:-1])
     if isinstance(out, tuple):
         return tuple(o if not _is_tensor(o) else _wrap(o, sharded, lead) for o in out)
@@ -191,18 +187,17 @@ def fused_linear_logprobs(fn, hidden, weight, targets, *, group, contract, **kwa
         raise LogprobContractError(
             f"{name}: hidden or targets is a DTensor but weight is not; pass the lm_head weight "
             "as a DTensor (vocab rows Shard(0) on the TP dim) or plain tensors throughout")
-    if group is not None or contract is not None:
-        which = "group" if group is not None else "contract"
-        raise LogprobContractError(
-            f"{name}: {which}= was given with a DTensor weight, whose mesh already says the TP "
-            f"group and the vocab bounds; drop {which}= (or pass weight.to_local())")
+    _refuse_given(name, "weight", group=group, contract=contract)
     sharded = _Sharded(weight, 0, (), "weight")
-    # hidden: on the weight's mesh, Replicate everywhere (its tokens are every rank's; on a
-    # DP x TP mesh the DTensors of a TP layer live on the TP sub-mesh, mesh["tp"]).
-    local_hidden = _local_of(hidden, sharded, "hidden")
+    with peers_fail_on_error(sharded.comm):
+        sharded.check_local()
+        # hidden: on the weight's mesh, Replicate everywhere (its tokens are every rank's; on
+        # a DP x TP mesh the DTensors of a TP layer live on the TP sub-mesh, mesh["tp"]).
+        local_hidden = _local_of(hidden, sharded, "hidden")
+        targets = _local_of(targets, sharded, "targets")
     with _from_the_mesh(sharded, "weight"):
-        out = fn(local_hidden, sharded.local, _local_of(targets, sharded, "targets"),
-                 group=sharded.comm, bounds=sharded.bounds, **kwargs)
+        out = fn(local_hidden, sharded.local, targets, group=sharded.comm,
+                 bounds=sharded.bounds, **kwargs)
     if not is_dtensor(hidden):
         return out
     return tuple(_wrap(o, sharded, (hidden.shape[0],)) for o in out)

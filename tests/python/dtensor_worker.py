@@ -190,6 +190,13 @@ def _failures(mesh, out):
     record_failure(out, "partial", lambda: vocab_parallel_logprobs(partial, ids))
     record_failure(out, "plain logits, DTensor targets", lambda: vocab_parallel_logprobs(
         full, distribute_tensor(ids, mesh, (Shard(0),))))
+    # Rank 1's local shard is not its part of DTensor's split (a from_local gone wrong): rank 1
+    # raises, and rank 0, already in the preflight, with it.
+    rank = mesh.get_local_rank()
+    wrong = type(dt).from_local(full[..., :512] if rank == 0 else full[..., :600], mesh,
+                                (Shard(2),), run_check=False, shape=full.shape,
+                                stride=full.stride())
+    record_failure(out, "wrong local shard", lambda: vocab_parallel_logprobs(wrong, ids))
     # 1000 columns over 2 ranks: DTensor's bound at 500 is not on a tile (128) boundary.
     ragged = distribute_tensor(full[..., :1000], mesh, (Shard(2),))
     record_failure(out, "off the tiles", lambda: vocab_parallel_logprobs(ragged, ids))

@@ -98,6 +98,12 @@ def test_dtensor_misuse_fails_with_the_fix(topology):
     name, ranks = topology
     if name != "tp2":
         pytest.skip("run on the TP=2 mesh")
+    wrong = [res["wrong local shard"] for res in ranks]
+    assert "local shard has 600 vocab columns" in wrong[1]["message"], wrong[1]
+    assert "columns [512, 1024)" in wrong[1]["message"], wrong[1]
+    assert "cross-rank preflight failed" in wrong[0]["message"], wrong[0]
+    assert "600 vocab columns" in wrong[0]["message"], wrong[0]  # the peer's own reason
+    assert all(w["seconds"] < 20 for w in wrong), wrong  # nobody waited for a timeout
     for res in ranks:
         assert "LogprobContractError" in res["group given"]["message"]
         assert "drop group=" in res["group given"]["message"]
