@@ -175,6 +175,22 @@ def _loss_parallel(mesh):
             "detlogp_tp1": vocab_parallel_cross_entropy(full, ids, group=detlogp.SelfComm())}
 
 
+def _replicated(mesh):
+    """DTensor logits that no mesh dim shards: every rank holds the whole vocabulary."""
+    import torch
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    import detlogp
+    from detlogp.torch import vocab_parallel_logprobs
+
+    full, ids, mask, _ = _data(1024, 1000, torch.float32)
+    logp = vocab_parallel_logprobs(distribute_tensor(full, mesh, (Replicate(),)), ids,
+                                   loss_mask=mask, real_vocab=1000)
+    return {"logp": logp.to_local(), "placements": [repr(p) for p in logp.placements],
+            "ref": vocab_parallel_logprobs(full, ids, loss_mask=mask, real_vocab=1000,
+                                           group=detlogp.SelfComm())}
+
+
 def _failures(mesh, out):
     import torch
     from torch.distributed.tensor import Partial, Shard, distribute_tensor
@@ -216,6 +232,7 @@ def _body(topology):
         out[f"fused {dtype}"] = _fused(mesh, topology, dtype)
     if topology == "tp2":
         out["loss_parallel"] = _loss_parallel(mesh)
+        out["replicated"] = _replicated(mesh)
         _failures(mesh, out)
     return out
 

@@ -94,6 +94,15 @@ def test_torch_loss_parallel_changes_bits_with_tp_detlogp_does_not(topology):
         print(f"loss_parallel: {differ} of {got['torch_tp'].numel()} tokens differ at TP=2")
 
 
+def test_replicated_dtensor_logits_are_the_whole_vocabulary(topology):
+    name, ranks = topology
+    if name != "tp2":
+        pytest.skip("run on the TP=2 mesh")
+    for rank, res in enumerate(ranks):
+        assert res["replicated"]["placements"] == ["Replicate()"]
+        assert_bitwise(res["replicated"]["logp"], res["replicated"]["ref"], f"rank {rank}")
+
+
 def test_dtensor_misuse_fails_with_the_fix(topology):
     name, ranks = topology
     if name != "tp2":
