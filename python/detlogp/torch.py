@@ -8,7 +8,8 @@ Any leading dims, any dtype detlogp supports (taken from the tensor), TP rank an
 the process group, shard bounds from the local width (Megatron's equal shards) unless given,
 the mask from ``loss_mask`` (bool, int or float) and/or ``targets == ignore_index``. The
 contract is built internally and cached (docs/python.md). Drop-ins with the signatures of
-Megatron's ``vocab_parallel_cross_entropy`` and verl's ``logprobs_from_logits`` sit on top.
+Megatron's ``vocab_parallel_cross_entropy`` and verl's ``logprobs_from_logits``,
+``vocab_parallel_log_probs_from_logits`` and entropy helpers sit on top.
 
 This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolute imports).
 """
@@ -32,7 +33,8 @@ from detlogp._mask import active_from_mask
 from detlogp._op import LogprobOp, get_logprob_op
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
-           "vocab_parallel_log_probs_from_logits", "CallCache", "DEFAULT_CACHE",
+           "vocab_parallel_log_probs_from_logits", "vocab_parallel_entropy",
+           "entropy_from_logits", "CallCache", "DEFAULT_CACHE",
            "fused_linear_logprobs", "linear_logits"]
 
 _REDUCTIONS = {True: ReductionSpec(), False: ReductionSpec(determinism_scope="fixed_topology")}
@@ -395,22 +397,28 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
 # --- drop-ins ----------------------------------------------------------------------------
 
 
-def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=0.0, *,
-                                 group=None, real_vocab=None, ignore_index=-100, threads=None):
+def vocab_parallel_cross_entropy(vocab_parallel_logits, target, label_smoothing=0.0,
+                                 tp_group=None, *, group=None, real_vocab=None, ignore_index=-100,
+                                 threads=None):
     """Megatron's ``tensor_parallel.vocab_parallel_cross_entropy``: per-token loss ``-logp``
     (fp32, the shape of ``target``) of ``vocab_parallel_logits`` [s, b, v/tp], deterministic.
 
-    ``group``: the TP group (default: Megatron's tensor-model-parallel group when megatron is
-    initialized; the rule of ``vocab_parallel_logprobs``). Differences: ``label_smoothing``
-    must be 0; targets equal to ``ignore_index`` get loss 0 (Megatron gives them a
-    meaningless value).
+    ``tp_group`` (Megatron's name) or ``group``: the TP group (default: Megatron's
+    tensor-model-parallel group when megatron is initialized; the rule of
+    ``vocab_parallel_logprobs``). Differences: ``label_smoothing`` must be 0; targets equal to
+    ``ignore_index`` get loss 0 (Megatron gives them a meaningless value).
     """
     if label_smoothing != 0.0:
         raise LogprobContractError(
             f"label_smoothing={label_smoothing} is not supported: detlogp computes the "
             "selected-token logprob only; pass label_smoothing=0.0")
+    if tp_group is not None and group is not None and tp_group is not group:
+        raise LogprobContractError(
+            "vocab_parallel_cross_entropy: tp_group= and group= name two different groups; "
+            "pass the TP group once, as tp_group= (Megatron's name) or group=")
     if not _dtensor.is_dtensor(vocab_parallel_logits):  # a DTensor's mesh says its group
-        group = resolve_group(group, "vocab_parallel_cross_entropy")
+        group = resolve_group(group if group is not None else tp_group,
+                              "vocab_parallel_cross_entropy")
     logp = vocab_parallel_logprobs(vocab_parallel_logits, target, group=group,
                                    real_vocab=real_vocab, ignore_index=ignore_index,
                                    threads=threads)
@@ -438,6 +446,29 @@ def logprobs_from_logits(logits, labels, inplace_backward=True, *, real_vocab=No
     one_rank = None if _dtensor.is_dtensor(logits) else _ONE_RANK  # DTensor: the mesh's
     return vocab_parallel_logprobs(logits, labels, group=one_rank, real_vocab=real_vocab,
                                    ignore_index=ignore_index, threads=threads)
+
+
+def _entropy(logits, group, real_vocab, threads):
+    """The entropy output of ``vocab_parallel_logprobs`` for every token of ``logits`` (the
+    targets, column 0 of every row, only select a logp that is not returned)."""
+    lead = tuple(logits.shape[:-1]) if isinstance(logits, torch.Tensor) and logits.dim() else ()
+    targets = torch.zeros(lead, dtype=torch.int64)
+    return vocab_parallel_logprobs(logits, targets, group=group, real_vocab=real_vocab,
+                                   ignore_index=None, entropy=True, threads=threads)[1]
+
+
+def vocab_parallel_entropy(vocab_parallel_logits, *, group=None, real_vocab=None, threads=None):
+    """verl's ``utils.megatron.tensor_parallel.vocab_parallel_entropy``: the entropy of every
+    token (fp32, the leading shape of ``vocab_parallel_logits`` [..., v/tp]), differentiable,
+    bitwise equal at every TP degree. ``group``: as in ``vocab_parallel_cross_entropy``."""
+    group = resolve_group(group, "vocab_parallel_entropy")
+    return _entropy(vocab_parallel_logits, group, real_vocab, threads)
+
+
+def entropy_from_logits(logits, *, real_vocab=None, threads=None):
+    """verl's ``utils.torch_functional.entropy_from_logits``: the entropy of every token of
+    ``logits`` [..., vocab] (one rank, the whole vocabulary), fp32, differentiable."""
+    return _entropy(logits, _ONE_RANK, real_vocab, threads)
 
 
 def __dir__():

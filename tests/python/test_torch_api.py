@@ -183,6 +183,35 @@ def test_drop_ins_equal_the_contract_api():
     assert_bitwise(dt.logprobs_from_logits(x.reshape(-1, V), ids.reshape(-1)), rlogp2)
 
 
+def test_entropy_drop_ins_are_the_entropy_output():
+    x, ids = logits_and_ids(dtype=torch.bfloat16)
+    (_, _, rent), _ = reference(x.reshape(-1, V), ids, [True] * 21)
+    ent = dt.entropy_from_logits(x)
+    assert ent.shape == (3, 7) and ent.dtype == torch.float32
+    assert_bitwise(ent.reshape(-1), rent)
+    assert_bitwise(dt.vocab_parallel_entropy(x), ent)
+    # The gradient is the entropy's: the targets the drop-ins pick never enter it.
+    w = torch.randn(3, 7, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for fn in (dt.entropy_from_logits, dt.vocab_parallel_entropy,
+               lambda leaf: dt.vocab_parallel_logprobs(leaf, ids, entropy=True)[1]):
+        leaf = x.clone().requires_grad_()
+        (fn(leaf) * w).sum().backward()
+        grads.append(leaf.grad)
+    assert_bitwise(grads[0], grads[2])
+    assert_bitwise(grads[1], grads[2])
+
+
+def test_cross_entropy_takes_megatrons_tp_group():
+    x, ids = logits_and_ids()
+    one = detlogp.SelfComm()
+    loss = dt.vocab_parallel_cross_entropy(x, ids)
+    assert_bitwise(dt.vocab_parallel_cross_entropy(x, ids, 0.0, one), loss)
+    assert_bitwise(dt.vocab_parallel_cross_entropy(x, ids, tp_group=one, group=one), loss)
+    with pytest.raises(detlogp.LogprobContractError, match="two different groups"):
+        dt.vocab_parallel_cross_entropy(x, ids, tp_group=one, group=detlogp.SelfComm())
+
+
 def test_contract_is_cached_across_micro_batches():
     cache = dt.CallCache()
     x, ids = logits_and_ids()
