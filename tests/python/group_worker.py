@@ -1,13 +1,12 @@
 """One rank of test_group_inference.py: torch.distributed (gloo) with two ranks, Megatron not
-installed. Records what each entry point does without ``group=`` (and with a non-group), what
-Megatron's TP group as the default gives, and what a rank that passed its group sees when its
-peer forgot ``group=``. Writes <out>/rank<r>.pt, then leaves at once (a collective that its
+installed. Records what each entry point does without ``group=`` (and with a non-group) and
+what a rank that passed its group sees when its peer forgot ``group=`` (Megatron's TP group
+as the default: test_peers.py, with the real Megatron). Writes <out>/rank<r>.pt, then leaves at once (a collective that its
 peer never joined stays pending)."""
 
 import os
 import sys
 import time
-import types
 
 S, B, H, REAL, V, TP = 4, 2, 16, 1000, 1024, 2
 W = V // TP
@@ -65,15 +64,6 @@ def _scenarios(rank, lonely):
         hidden, full_weight, ids.reshape(-1), contract=one_rank)[0])
     out["fused self"] = _attempt(lambda: detlogp.fused_linear_logprobs(
         hidden, full_weight, ids.reshape(-1), group=detlogp.SelfComm())[0])
-    # Megatron's TP group as the default, when its parallel state is loaded and initialized.
-    fake = types.ModuleType("megatron.core.parallel_state")
-    fake.model_parallel_is_initialized = lambda: True
-    fake.get_tensor_model_parallel_group = lambda: dist.group.WORLD
-    sys.modules["megatron.core.parallel_state"] = fake
-    try:
-        out["megatron default"] = _attempt(lambda: dt.vocab_parallel_cross_entropy(shard, ids))
-    finally:
-        del sys.modules["megatron.core.parallel_state"]
     dist.barrier()
     # Rank 1 forgets group=; rank 0 passes its TP group (with a short collective timeout).
     if rank == 1:

@@ -5,6 +5,8 @@
 peers.py), on the same logits over gloo at TP = 1, 2 and 4 (4 spawned ranks, peers_worker.py):
 
 - they accept the real functions' parameters (names, order, kinds, defaults);
+- without ``group=`` they run over Megatron's initialized TP group (Megatron's real
+  parallel state);
 - their outputs and logits gradients agree with the real ones within the bounds of TOL;
 - theirs are bitwise equal at every TP degree, where the real ones differ (the counts are
   printed; docs/python.md, "Drop-ins", lists them).
@@ -115,7 +117,9 @@ def test_drop_ins_are_bitwise_equal_across_tp(ranks, name, dtype, tp):
                                               ref["grad"]), f"{name} grad rank {rank}")
 
 
-def test_the_tp_group_and_verl_forms_are_the_cross_entropy(ranks):
+def test_megatrons_tp_group_is_the_default(ranks):
+    """Without ``group=`` the drop-ins run over Megatron's initialized TP group: the loss is
+    the one over tp_group, passed as Megatron's fourth argument; verl's helper is its negation."""
     for res in ranks:
         for dtype in DTYPES:
             for tp in (1, 2, 4):
