@@ -3,9 +3,10 @@ replace (tests/python/peers.py loads them), on the same logits, over gloo in a w
 
 Every rank initializes Megatron's parallel state at TP = 1, 2 and 4 in turn (the real
 functions take their group from it, and so do detlogp's drop-ins called without ``group=``)
-and writes to <out>/rank<r>.pt, for each TP degree and dtype: the outputs and the gradient of
-its logits shard, from each real function and from its detlogp replacement; at TP = 1 also
-verl's one-rank ``logprobs_from_logits`` and ``entropy_from_logits`` and theirs.
+and writes to <out>/rank<r>.pt, for each TP degree and dtype, from each real function and
+from its detlogp replacement: the outputs and what the test needs of the gradient of its
+logits shard (``_at_tp``); at TP = 1 also verl's one-rank ``logprobs_from_logits`` and
+``entropy_from_logits`` and theirs.
 """
 
 import sys
@@ -64,7 +65,19 @@ def _one_rank_pairs(real):
              lambda x, t: dt.entropy_from_logits(x))]
 
 
-def _at_tp(real, tp):
+def _same_bits(a, b):
+    """Per token (all dims but the last), whether the rows of a and b are bitwise equal."""
+    import torch
+
+    view = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[a.dtype]
+    return (a.contiguous().view(view) == b.contiguous().view(view)).all(dim=-1)
+
+
+def _at_tp(real, tp, tp1_grads):
+    """Every pair at this TP degree. The gradients stay here (they are as large as the logits):
+    what is written is each output, the largest gradient difference between detlogp and the
+    real function, and, per token, whether the gradient row equals the TP=1 one on these
+    columns (kept in ``tp1_grads`` at TP = 1)."""
     import torch
 
     ps = real.parallel_state
@@ -73,16 +86,25 @@ def _at_tp(real, tp):
         group, tp_rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
         assert ps.get_tensor_model_parallel_world_size() == tp
         w = V // tp
+        columns = slice(tp_rank * w, (tp_rank + 1) * w)
         out = {}
         for dtype in DTYPES:
             logits, ids, weights = data(dtype)
-            shard = logits[..., tp_rank * w:(tp_rank + 1) * w]
+            shard = logits[..., columns]
             pairs = _pairs(real, group) + (_one_rank_pairs(real) if tp == 1 else [])
             for name, real_fn, ours_fn in pairs:
+                grads = {}
                 for who, fn in (("real", real_fn), ("detlogp", ours_fn)):
-                    value, grad = _run(lambda x: fn(x, ids), shard, weights)
-                    out[f"{name} {who} {dtype} tp{tp}"] = {"value": value, "grad": grad,
-                                                           "columns": (tp_rank * w, w)}
+                    key = f"{name} {who} {dtype}"
+                    value, grads[who] = _run(lambda x: fn(x, ids), shard, weights)
+                    if tp == 1:
+                        tp1_grads[key] = grads[who]
+                    out[f"{key} tp{tp}"] = {
+                        "value": value, "grad dtype": grads[who].dtype,
+                        "grad rows as at tp1": _same_bits(grads[who],
+                                                          tp1_grads[key][..., columns])}
+                out[f"{name} detlogp {dtype} tp{tp}"]["grad max diff"] = (
+                    (grads["detlogp"].double() - grads["real"].double()).abs().max().item())
             torch.distributed.barrier()
         return out
     finally:
@@ -121,9 +143,9 @@ def _body():
     # compiles C++ for a minute per rank; the test runs it eagerly (the same expression).
     torch._dynamo.config.disable = True
     real = peers.load()
-    out = {"signatures": _signatures(real)}
+    out, tp1_grads = {"signatures": _signatures(real)}, {}
     for tp in TPS:
-        out.update(_at_tp(real, tp))
+        out.update(_at_tp(real, tp, tp1_grads))
     return out
 
 
