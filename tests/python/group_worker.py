@@ -43,6 +43,7 @@ def _scenarios(rank, lonely):
             lambda **kw: dt.vocab_parallel_cross_entropy(shard, ids, **kw),
         "vocab_parallel_log_probs_from_logits":
             lambda **kw: dt.vocab_parallel_log_probs_from_logits(shard, ids, **kw),
+        "vocab_parallel_entropy": lambda **kw: dt.vocab_parallel_entropy(shard, **kw),
         "fused_linear_logprobs":
             lambda **kw: detlogp.fused_linear_logprobs(hidden, weight, ids.reshape(-1), **kw)[0],
     }

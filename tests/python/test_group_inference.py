@@ -13,7 +13,8 @@ from spawn import run_workers
 
 TIMEOUT_S = 180
 ENTRIES = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy",
-           "vocab_parallel_log_probs_from_logits", "fused_linear_logprobs"]
+           "vocab_parallel_log_probs_from_logits", "vocab_parallel_entropy",
+           "fused_linear_logprobs"]
 
 
 @pytest.fixture(scope="module")
