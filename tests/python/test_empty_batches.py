@@ -35,6 +35,16 @@ def test_empty_logits_give_empty_outputs_and_gradients(shape, entry):
     assert x.grad.shape == ref_grad.shape == shape and x.grad.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("entry", ["entropy_from_logits", "vocab_parallel_entropy"])
+def test_empty_logits_give_empty_entropy_and_gradient(shape, entry):
+    x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+    out = getattr(dt, entry)(x)
+    assert out.shape == shape[:-1] and out.dtype == torch.float32
+    out.sum().backward()
+    assert x.grad.shape == shape and x.grad.dtype == torch.bfloat16
+
+
 def test_empty_with_entropy_mask_and_contract():
     x = torch.randn(0, 7, 128)
     mask = torch.ones(0, 7)
