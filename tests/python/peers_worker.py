@@ -29,11 +29,14 @@ def data(dtype):
 
 def _run(fn, shard, weights):
     """fn(leaf) on a fresh copy of the shard (the real Megatron function writes into fp32
-    logits), its backward with ``weights``: (output, gradient of the shard)."""
+    logits), its backward with ``weights``: (output, gradient of the shard, whether the
+    logits were written into, bitwise)."""
+    import torch
+
     leaf = shard.clone().requires_grad_()
     out = fn(leaf)
     (out * weights).sum().backward()
-    return out.detach().clone(), leaf.grad.clone()
+    return out.detach().clone(), leaf.grad.clone(), not torch.equal(_bits(leaf), _bits(shard))
 
 
 def _pairs(real, tp_group):
@@ -65,12 +68,16 @@ def _one_rank_pairs(real):
              lambda x, t: dt.entropy_from_logits(x))]
 
 
-def _same_bits(a, b):
-    """Per token (all dims but the last), whether the rows of a and b are bitwise equal."""
+def _bits(t):
+    """The raw bits of a float tensor (an integer view: -0.0 != +0.0, NaN == NaN)."""
     import torch
 
-    view = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[a.dtype]
-    return (a.contiguous().view(view) == b.contiguous().view(view)).all(dim=-1)
+    return t.detach().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
+
+
+def _same_bits(a, b):
+    """Per token (all dims but the last), whether the rows of a and b are bitwise equal."""
+    return (_bits(a) == _bits(b)).all(dim=-1)
 
 
 def _at_tp(real, tp, tp1_grads):
@@ -96,11 +103,12 @@ def _at_tp(real, tp, tp1_grads):
                 grads = {}
                 for who, fn in (("real", real_fn), ("detlogp", ours_fn)):
                     key = f"{name} {who} {dtype}"
-                    value, grads[who] = _run(lambda x: fn(x, ids), shard, weights)
+                    value, grads[who], wrote = _run(lambda x: fn(x, ids), shard, weights)
                     if tp == 1:
                         tp1_grads[key] = grads[who]
                     out[f"{key} tp{tp}"] = {
                         "value": value, "grad dtype": grads[who].dtype,
+                        "wrote into the logits": wrote,
                         "grad rows as at tp1": _same_bits(grads[who],
                                                           tp1_grads[key][..., columns])}
                 out[f"{name} detlogp {dtype} tp{tp}"]["grad max diff"] = (

@@ -7,7 +7,8 @@ peers.py), on the same logits over gloo at TP = 1, 2 and 4 (4 spawned ranks, pee
 - they accept the real functions' parameters (names, order, kinds, defaults);
 - without ``group=`` they run over Megatron's initialized TP group (Megatron's real
   parallel state);
-- their outputs and logits gradients agree with the real ones within the bounds of TOL;
+- their outputs and logits gradients agree with the real ones within the bounds of TOL, and
+  they never write into the logits (Megatron's writes into fp32 logits);
 - theirs are bitwise equal at every TP degree, where the real ones differ (the counts are
   printed; docs/python.md, "Drop-ins", lists them).
 
@@ -95,6 +96,16 @@ def test_drop_ins_match_the_real_functions(ranks, name, dtype, tp):
         assert d <= TOL[(kind, out_dtype)], (rank, "value", d)
         g = ours["grad max diff"]
         assert g <= TOL[(kind + " grad", dtype)], (rank, "grad", g)
+        assert not ours["wrote into the logits"], rank
+
+
+def test_megatron_writes_into_fp32_logits_detlogp_does_not(ranks):
+    """Why the real functions run on a copy (and what the drop-in spares its caller)."""
+    for res in ranks:
+        for tp in (1, 2, 4):
+            assert res[f"vocab_parallel_cross_entropy real float32 tp{tp}"]["wrote into the logits"]
+            assert not res[f"vocab_parallel_cross_entropy detlogp float32 tp{tp}"][
+                "wrote into the logits"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
