@@ -1,8 +1,8 @@
 """One rank of test_group_inference.py: torch.distributed (gloo) with two ranks, Megatron not
 installed. Records what each entry point does without ``group=`` (and with a non-group) and
 what a rank that passed its group sees when its peer forgot ``group=`` (Megatron's TP group
-as the default: test_peers.py, with the real Megatron). Writes <out>/rank<r>.pt, then leaves at once (a collective that its
-peer never joined stays pending)."""
+as the default: test_peers.py, with the real Megatron). Writes <out>/rank<r>.pt, then
+leaves at once (a collective that its peer never joined stays pending)."""
 
 import os
 import sys
