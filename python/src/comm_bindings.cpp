@@ -80,7 +80,7 @@ class PyCallbackComm final : public Communicator {
       if (!py::isinstance<py::bytes>(got)) {
         throw std::runtime_error(name_ + " all_gather failed on rank " + std::to_string(rank_) +
                                  ": the callback returned " +
-                                 std::string(py::str(got.get_type().attr("__name__"))) +
+                                 std::string(py::str(py::type::handle_of(got).attr("__name__"))) +
                                  ", expected bytes");
       }
       const auto size = static_cast<std::size_t>(PyBytes_GET_SIZE(got.ptr()));

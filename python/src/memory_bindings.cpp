@@ -36,7 +36,8 @@ void bind_memory(py::module_& m) {
       "available_memory",
       [] {
         const detlogp::io::AvailableMemory a = detlogp::io::available_memory();
-        return a.known ? py::make_tuple(a.bytes, a.source) : py::make_tuple(py::none(), a.source);
+        const py::object bytes = a.known ? py::object(py::int_(a.bytes)) : py::object(py::none());
+        return py::make_tuple(bytes, a.source);
       },
       "(bytes, source) this process may still allocate; (None, '') when nothing could be read.");
 }
