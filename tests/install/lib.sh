@@ -1,7 +1,7 @@
 # Sourced by every install test (bash): strict mode, the test's scratch directory, and the steps
 # several tests take (installing the build tree, building a consumer project, copying the
-# sources for pip). Each step is written here once so that the tests differ only in what they
-# check.
+# sources for pip, reading pyproject.toml's pins). Each step is written here once so that the
+# tests differ only in what they check.
 set -euo pipefail
 
 # This folder (tests/install), for the helper scripts and consumer projects beside the tests.
@@ -43,3 +43,32 @@ copy_sources() {
   tar -C "$1" --exclude=./.git --exclude='./build*' --exclude='*.egg-info' -cf - . |
     tar -C "$2" -xf -
 }
+
+# pinned <python> <source-dir> <what>: the requirements pyproject.toml pins, one a line: <what>
+# is "build" (build-system.requires) or the name of a dependency group (e.g. "repair"). Read
+# from the file, so that the tests install exactly what it says.
+pinned() {
+  "$1" - "$2/pyproject.toml" "$3" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    project = tomllib.load(f)
+what = sys.argv[2]
+reqs = project["build-system"]["requires"] if what == "build" else project["dependency-groups"][what]
+print("\n".join(reqs))
+PY
+}
+
+# pip_build_setup <work-root>: what pip's builds (scikit-build-core running CMake) compile with:
+# ccache when there is one (CMAKE_ARGS, unless the caller set it), with <work-root> as its base
+# directory so that the source copies of the pip tests share their cache entries, and
+# CMAKE_BUILD_PARALLEL_LEVEL jobs (default 2, as make's JOBS).
+pip_build_setup() {
+  if [ -z "${CMAKE_ARGS:-}" ] && command -v ccache >/dev/null; then
+    export CMAKE_ARGS="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(realpath "$1")} CCACHE_NOHASHDIR=1
+  fi
+  export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+}
+
+# pipq: pip's options for the tests (quiet about its own version, never asks).
+pipq=(-m pip --disable-pip-version-check --no-input)

@@ -1,46 +1,47 @@
 #!/usr/bin/env bash
-# `pip install .` and `pip wheel .` the way a user runs them, offline with Debian's setuptools
-# and wheel: into a fresh venv made with --system-site-packages (torch and numpy from Debian);
-# the installed package imports from another directory and runs forward+backward; its
-# extension and the wheel's load Highway from inside the package (ldd); pip lists it, and
-# `pip uninstall` removes every file it installed.
-# The sources are copied to <work-dir>/pip-src, which is kept from one run to the next with
-# the CMake tree pip's build leaves in it (build-pip/): a rerun compiles only what changed, and
-# `pip wheel` reuses what `pip install` built. The venv and the wheel are made afresh each time.
-# Usage: pip_install_test.sh <python> <source-dir> <work-dir>
+# `pip install .` the offline way (docs/install.md): into a fresh venv that holds the build
+# requirements pyproject.toml pins (scikit-build-core, pybind11) and numpy, then
+# `pip install --no-build-isolation --no-index .`, which reaches no package index. The installed
+# package imports from another directory and runs forward+backward; its extension loads Highway
+# from inside the package and libcrypto from nowhere (ldd); pip lists it with the version of
+# CMakeLists.txt, its files are the package alone, and `pip uninstall` removes every one.
+# The sources are copied to <work-dir>/pip-src, which is kept from one run to the next with the
+# CMake tree pip's build leaves in it (build-pip/): a rerun compiles only what changed. The venv
+# (<work-dir>/pip-venv) is made afresh each time; filling it takes PyPI or pip's cache.
+# Usage: pip_install_test.sh <python> <source-dir> <work-dir> <version>
 source "$(dirname "$0")/lib.sh"
 py=$1
+version=$4
 make_work "$3" pip
 sources=$3/pip-src
 copy_sources "$2" "$sources" build-pip
+pip_build_setup "$3"
 
-"$py" -m venv --system-site-packages "$work/venv"
-vpy=$work/venv/bin/python
-pipq=(-m pip --disable-pip-version-check --no-input)
-flags=(--no-build-isolation --no-index --no-deps)
+# Made afresh, at the same path each run: the build finds pybind11's headers where it did
+# before, so a rerun recompiles nothing that did not change.
+rm -rf "$3/pip-venv"
+"$py" -m venv "$3/pip-venv"
+vpy=$3/pip-venv/bin/python
+mapfile -t needs < <(pinned "$vpy" "$sources" build; pinned "$vpy" "$sources" smoke)
+echo "== into the venv: ${needs[*]}"
+"$vpy" "${pipq[@]}" install -q "${needs[@]}"
 
-echo "== pip install ."
-(cd "$sources" && "$vpy" "${pipq[@]}" install "${flags[@]}" . >"$work/install.log" 2>&1) ||
-  { tail -40 "$work/install.log"; exit 1; }
+echo "== pip install --no-build-isolation --no-index ."
+(cd "$sources" && "$vpy" "${pipq[@]}" install --no-build-isolation --no-index --no-deps . \
+  >"$work/install.log" 2>&1) || { tail -40 "$work/install.log"; exit 1; }
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
 mkdir "$work/elsewhere"
 (cd "$work/elsewhere" && "$vpy" "$here/pip_smoke.py" "$site")
-"$vpy" "${pipq[@]}" list 2>/dev/null | grep -E '^detlogp '
-files=$("$vpy" "${pipq[@]}" show -f detlogp | sed -n '/^Files:/,$p' | tail -n +2)
+"$vpy" "${pipq[@]}" list 2>/dev/null | grep -E "^detlogp +$version\$"
+files=$("$vpy" "${pipq[@]}" show -f detlogp | sed -n '/^Files:/,$p' | tail -n +2 | sed 's/^ *//')
 grep -q 'dist-info/RECORD' <<<"$files"
-grep -q 'detlogp/libhwy.so.1' <<<"$files"
+grep -qx 'detlogp/libhwy.so.1' <<<"$files"
+if stray=$(grep -Ev '^(detlogp/|detlogp-[^/]*\.dist-info/)' <<<"$files"); then
+  echo "pip install put files outside the package: $stray" >&2
+  exit 1
+fi
 echo "== ldd of the installed extension"
-bash "$here/check_ldd.sh" "$(ls "$site"/detlogp/_detlogp*.so)" "$site/detlogp"
-
-echo "== pip wheel ."
-(cd "$sources" && "$vpy" "${pipq[@]}" wheel "${flags[@]}" -w "$work/wheels" . \
-  >"$work/wheel.log" 2>&1) || { tail -40 "$work/wheel.log"; exit 1; }
-wheel=$(ls "$work"/wheels/detlogp-*.whl)
-echo "$(basename "$wheel")"
-mkdir "$work/unpacked"
-"$vpy" -m zipfile -e "$wheel" "$work/unpacked"
-ls "$work/unpacked/detlogp" "$work"/unpacked/detlogp-*.dist-info
-bash "$here/check_ldd.sh" "$(ls "$work"/unpacked/detlogp/_detlogp*.so)" "$work/unpacked/detlogp"
+bash "$here/check_ldd.sh" "$(ls "$site"/detlogp/_detlogp*.so)" "$site/detlogp" wheel
 
 echo "== pip uninstall"
 "$vpy" "${pipq[@]}" uninstall -y detlogp >/dev/null
