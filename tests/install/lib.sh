@@ -44,17 +44,14 @@ copy_sources() {
     tar -C "$2" -xf -
 }
 
-# pinned <python> <source-dir> <what>: the requirements pyproject.toml pins, one a line: <what>
-# is "build" (build-system.requires) or the name of a dependency group (e.g. "repair"). Read
-# from the file, so that the tests install exactly what it says.
-pinned() {
-  "$1" - "$2/pyproject.toml" "$3" <<'PY'
+# build_requires <python> <source-dir>: the build requirements pyproject.toml pins
+# (build-system.requires), one a line, read from the file so that the tests install exactly
+# what pip's build isolation would.
+build_requires() {
+  "$1" - "$2/pyproject.toml" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
-    project = tomllib.load(f)
-what = sys.argv[2]
-reqs = project["build-system"]["requires"] if what == "build" else project["dependency-groups"][what]
-print("\n".join(reqs))
+    print("\n".join(tomllib.load(f)["build-system"]["requires"]))
 PY
 }
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `pip install .` the offline way (docs/install.md): into a fresh venv that holds the build
-# requirements pyproject.toml pins (scikit-build-core, pybind11) and numpy, then
+# requirements pyproject.toml pins (scikit-build-core, pybind11) and numpy (smoke.txt), then
 # `pip install --no-build-isolation --no-index .`, which reaches no package index. The installed
 # package imports from another directory and runs forward+backward; its extension loads Highway
-# from inside the package and libcrypto from nowhere (ldd); pip lists it with the version of
-# CMakeLists.txt, its files are the package alone, and `pip uninstall` removes every one.
+# from inside the package and nothing of OpenSSL (libcrypto is linked in: ldd); pip lists it
+# with the version of CMakeLists.txt, its files are the package alone, and `pip uninstall`
+# removes every one.
 # The sources are copied to <work-dir>/pip-src, which is kept from one run to the next with the
 # CMake tree pip's build leaves in it (build-pip/): a rerun compiles only what changed. The venv
 # (<work-dir>/pip-venv) is made afresh each time; filling it takes PyPI or pip's cache.
@@ -22,9 +23,9 @@ pip_build_setup "$3"
 rm -rf "$3/pip-venv"
 "$py" -m venv "$3/pip-venv"
 vpy=$3/pip-venv/bin/python
-mapfile -t needs < <(pinned "$vpy" "$sources" build; pinned "$vpy" "$sources" smoke)
-echo "== into the venv: ${needs[*]}"
-"$vpy" "${pipq[@]}" install -q "${needs[@]}"
+mapfile -t needs < <(build_requires "$vpy" "$sources")
+echo "== into the venv: ${needs[*]} and python/requirements/smoke.txt"
+"$vpy" "${pipq[@]}" install -q "${needs[@]}" -r "$sources/python/requirements/smoke.txt"
 
 echo "== pip install --no-build-isolation --no-index ."
 (cd "$sources" && "$vpy" "${pipq[@]}" install --no-build-isolation --no-index --no-deps . \

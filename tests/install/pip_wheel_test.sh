@@ -24,8 +24,7 @@ pip_build_setup "$3"
 
 "$py" -m venv "$work/tools"
 tpy=$work/tools/bin/python
-mapfile -t repair < <(pinned "$tpy" "$sources" repair)
-"$tpy" "${pipq[@]}" install -q "${repair[@]}"
+"$tpy" "${pipq[@]}" install -q -r "$sources/python/requirements/wheel.txt"
 
 echo "== pip wheel ."
 (cd "$sources" && "$tpy" "${pipq[@]}" wheel --no-deps -w "$work/dist" . >"$work/wheel.log" 2>&1) ||
@@ -45,8 +44,8 @@ tag=$(tr -s ' \n' ' ' <"$work/show.log" |
       grep -o 'manylinux_[0-9_]*x86_64') ||
   { cat "$work/show.log"; echo "auditwheel show named no manylinux tag" >&2; exit 1; }
 echo "auditwheel show: $tag"
-PATH=$work/tools/bin:$PATH auditwheel repair -w "$work/repaired" "$wheel" >"$work/repair.log" 2>&1 ||
-  { cat "$work/repair.log"; exit 1; }
+PATH=$work/tools/bin:$PATH auditwheel repair -w "$work/repaired" "$wheel" \
+  >"$work/repair.log" 2>&1 || { cat "$work/repair.log"; exit 1; }
 fixed=$(ls "$work"/repaired/detlogp-*.whl)
 echo "$(basename "$fixed") ($(du -k "$fixed" | cut -f1) KiB)"
 [[ $(basename "$fixed") == "detlogp-$version-"*"-$tag.whl" ]] ||
@@ -66,8 +65,7 @@ diff <(cd "$2/python/detlogp" && ls ./*.py | sed 's|^\./|detlogp/|') \
 echo "== a fresh venv: numpy and the repaired wheel"
 "$py" -m venv "$work/venv"
 vpy=$work/venv/bin/python
-mapfile -t smoke < <(pinned "$vpy" "$sources" smoke)
-"$vpy" "${pipq[@]}" install -q "${smoke[@]}"
+"$vpy" "${pipq[@]}" install -q -r "$sources/python/requirements/smoke.txt"
 "$vpy" "${pipq[@]}" install -q --no-index --no-deps "$fixed"
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
 bash "$here/check_ldd.sh" "$(ls "$site"/detlogp/_detlogp*.so)" "$site/detlogp" wheel
