@@ -176,6 +176,51 @@ DETLOGP_HD float det_log(float x) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// det_tanh: tanh(x) for every fp32 x, odd by construction (computed on |x|, the sign of x copied
+// onto the result), so det_tanh(-x) == -det_tanh(x) bit for bit and det_tanh(-0) == -0.
+// NaN -> NaN, +-inf -> +-1. Two regions of a = |x|:
+//   a < 0.5625: an odd polynomial, a + a^3 Q(a^2), Q of degree 4 in a^2 in Horner form with fmas
+//               (coefficients fitted to the relative error of tanh on [0, 0.5625]); exact for
+//               tiny a (a^3 underflows to 0 and the fma returns a), no cancellation near 0;
+//   otherwise:  t = det_exp(-2a) in [0, 0.325], tanh(a) = (1 - t) / (1 + t): no cancellation
+//               (1 - t >= 0.675), and t == 0 (a > 44) gives exactly 1.
+
+struct TanhConstants {
+  static constexpr float kPolyBelow = 0.5625f;          // a < this: the polynomial
+  static constexpr float kT1 = -0.3333331346511841f;    // 0xbeaaaaa4
+  static constexpr float kT2 = 0.133324533700943f;      // 0x3e08863a
+  static constexpr float kT3 = -0.05383748561143875f;   // 0xbd5c84b2
+  static constexpr float kT4 = 0.021007690578699112f;   // 0x3cac1852
+  static constexpr float kT5 = -0.006180137861520052f;  // 0xbbca82c1
+};
+
+// tanh(a) on a = |x| by the polynomial (a < kPolyBelow).
+DETLOGP_HD float tanh_poly(float a) {
+  using K = TanhConstants;
+  const float y = a * a;
+  float q = K::kT5;
+  q = fma_rn(q, y, K::kT4);
+  q = fma_rn(q, y, K::kT3);
+  q = fma_rn(q, y, K::kT2);
+  q = fma_rn(q, y, K::kT1);
+  return fma_rn(a * y, q, a);
+}
+
+// tanh(a) on a = |x| by det_exp (a >= kPolyBelow, or NaN).
+DETLOGP_HD float tanh_exp(float a) {
+  const float t = det_exp(-2.0f * a);
+  return (1.0f - t) / (1.0f + t);
+}
+
+DETLOGP_HD float det_tanh(float x) {
+  if (is_nan(x)) return x;
+  const uint32_t sign = bits_of(x) & 0x80000000u;
+  const float a = float_of(bits_of(x) ^ sign);
+  const float r = a < TanhConstants::kPolyBelow ? tanh_poly(a) : tanh_exp(a);
+  return float_of(bits_of(r) | sign);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Logit dtypes: exact widening to fp32 and round-to-nearest-even narrowing from fp32.
 
 // (One implementation, public in detlogp/dtype.hpp: the tools and the Python package convert
@@ -300,6 +345,23 @@ DETLOGP_HD float selected_logp(float target_z, float lse) { return canonicalize(
 // z = fp32(x) / tau, one correctly rounded division; skipped when tau == 1 (x / 1 == x anyway).
 DETLOGP_HD float scale_logit(float x, float tau) { return tau == 1.0f ? x : x / tau; }
 
+// Logit softcap (numerics.md "Softcap"): y = cap * det_tanh(x / cap) (a div, det_tanh, a mul),
+// applied to the widened logit before the temperature. cap == 0 stands for "no softcap" (the
+// contract's cap is absent); then y = x, no operation at all.
+DETLOGP_HD float softcap_logit(float x, float cap) {
+  return cap == 0.0f ? x : cap * det_tanh(x / cap);
+}
+
+// The scored value z of a widened logit x: softcap, then temperature.
+DETLOGP_HD float scored_logit(float x, float cap, float tau) {
+  return scale_logit(softcap_logit(x, cap), tau);
+}
+
+// d/dx [cap tanh(x / cap)] = 1 - th^2 from the forward's own th = det_tanh(x / cap), as
+// (1 - th) * (1 + th): a sub, an add, a mul (1 - th is exact for th >= 1/2, so the slope keeps
+// its relative accuracy where tanh saturates).
+DETLOGP_HD float softcap_slope(float th) { return (1.0f - th) * (1.0f + th); }
+
 // ---------------------------------------------------------------------------------------------
 // Backward, one real column. p = exp(z - LSE) (0 on rows with non-finite LSE);
 //   grad_z = (g_logp (onehot - p) + g_lse p) + g_H (p ((LSE - z) - H))
@@ -335,6 +397,17 @@ DETLOGP_HD float grad_element(float z, bool is_target, float lse, float entropy,
     grad = any ? grad + t3 : t3;
   }
   return tau == 1.0f ? grad : grad / tau;
+}
+
+// The gradient of a widened logit x (numerics.md "Backward", "Softcap"): without a cap,
+// grad_element of z = x / tau; with one, th = det_tanh(x / cap), z = (cap * th) / tau, and the
+// gradient grad_element(z, ...) * softcap_slope(th) (after the division by tau).
+DETLOGP_HD float grad_of_logit(float x, bool is_target, float lse, float entropy,
+                               const GradCoefficients& g, float tau, float cap) {
+  if (cap == 0.0f) return grad_element(scale_logit(x, tau), is_target, lse, entropy, g, tau);
+  const float th = det_tanh(x / cap);
+  const float z = scale_logit(cap * th, tau);
+  return grad_element(z, is_target, lse, entropy, g, tau) * softcap_slope(th);
 }
 
 }  // namespace detlogp::canon
