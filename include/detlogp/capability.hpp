@@ -46,6 +46,7 @@ struct CapabilityParams {
   // nullopt: any tile width. Otherwise non-empty, positive, no duplicates.
   std::optional<std::vector<int64_t>> tile_widths = std::nullopt;
   bool supports_temperature = false;  // temperature != 1
+  bool supports_softcap = false;      // a logit softcap
   std::set<ReductionOrder> reduction_orders = {ReductionOrder::canonical_tile_tree};  // non-empty
 };
 
@@ -66,6 +67,7 @@ class BackendCapability {
   ImplementationKind implementation_kind() const { return p_.implementation_kind; }
   const std::optional<std::vector<int64_t>>& tile_widths() const { return p_.tile_widths; }
   bool supports_temperature() const { return p_.supports_temperature; }
+  bool supports_softcap() const { return p_.supports_softcap; }
   const std::set<ReductionOrder>& reduction_orders() const { return p_.reduction_orders; }
 
   // Every reason this backend cannot serve `contract` (empty: it can), in this order:
@@ -73,7 +75,8 @@ class BackendCapability {
   //   CP=<n> is unsupported; padded-vs-real vocab masking is unsupported;
   //   explicit active-token masking is unsupported; vocab-domain LSE export is unsupported;
   //   determinism_scope=<s> is unsupported; order=<o> is unsupported;
-  //   tile_width=<W> is unsupported; temperature=<t> is unsupported.
+  //   tile_width=<W> is unsupported; temperature=<t> is unsupported;
+  //   softcap=<c> is unsupported.
   std::vector<std::string> incompatibilities(const LogprobContract& contract) const;
   bool supports(const LogprobContract& contract) const {
     return incompatibilities(contract).empty();

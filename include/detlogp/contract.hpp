@@ -223,6 +223,9 @@ struct ContractParams {
   bool export_lse = true;  // must be true (the vocab-domain LSE is always exported)
   // Scores are computed on logits / temperature. Finite and > 0.
   float temperature = 1.0f;
+  // Logit softcap: scores are computed on cap * tanh(logits / cap), then divided by the
+  // temperature (docs/numerics.md "Softcap"). Absent: no cap. Finite and > 0.
+  std::optional<float> softcap = std::nullopt;
   // Vocab tile width W. Give at most one of the two; neither means W = 128. The tile-count
   // form num_vocab_tiles = n means W = padded_vocab_size / n and must divide it exactly.
   std::optional<int64_t> tile_width = std::nullopt;
@@ -232,7 +235,7 @@ struct ContractParams {
 class LogprobContract {
  public:
   // Validates, in order: role and dtype values; export_lse; ignore_index outside the real
-  // vocabulary; tile_width / num_vocab_tiles; temperature. (MaskSpec, ShardingSpec,
+  // vocabulary; tile_width / num_vocab_tiles; temperature; softcap. (MaskSpec, ShardingSpec,
   // ReductionSpec and OutputSpec validated themselves when they were built.)
   explicit LogprobContract(const ContractParams& params);
 
@@ -244,6 +247,8 @@ class LogprobContract {
   const OutputSpec& output() const { return output_; }
   bool export_lse() const { return export_lse_; }
   float temperature() const { return temperature_; }
+  // The logit softcap, or nullopt when there is none.
+  std::optional<float> softcap() const { return softcap_; }
   // The resolved vocab tile width W.
   int64_t tile_width() const { return tile_width_; }
   // The numerics canon this build implements (kNumericsVersion).
@@ -272,6 +277,7 @@ class LogprobContract {
   OutputSpec output_;
   bool export_lse_;
   float temperature_;
+  std::optional<float> softcap_;
   int64_t tile_width_;
 };
 

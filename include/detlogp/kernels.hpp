@@ -27,6 +27,9 @@ struct ShardSpec {
   int64_t vocab_start = 0;  // global column of local column 0; a multiple of W
   TileGeometry geometry = {};
   float temperature = 1.0f;  // z = fp32(x) / temperature
+  // The logit softcap: 0 for none, else finite > 0 and z = (cap * det_tanh(x / cap)) /
+  // temperature (docs/numerics.md "Softcap").
+  float softcap = 0.0f;
 };
 
 struct ExecOptions {
@@ -86,8 +89,8 @@ class ShardKernels {
                                   std::span<float> out) const;
 };
 
-// z of each row's target (fp32, divided by the temperature) read from the shard, for rows whose
-// target_local >= 0; other rows get +0.
+// z of each row's target (fp32, softcapped, divided by the temperature) read from the shard, for
+// rows whose target_local >= 0; other rows get +0.
 void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
                         std::span<const int64_t> target_local, std::span<float> out);
 
@@ -106,6 +109,7 @@ struct FusedShard {
   int64_t vocab_start = 0;  // global vocabulary row of weight row 0; a multiple of W
   TileGeometry geometry = {};
   float temperature = 1.0f;  // z = dot(hidden row, weight row) / temperature
+  float softcap = 0.0f;      // 0: none; else the dot is softcapped before the temperature
   int64_t row_block = 32;    // rows per work block; the bits never depend on it
 };
 
@@ -129,8 +133,8 @@ class FusedKernels {
                              bool with_entropy, std::span<NodePartial> out,
                              const ExecOptions& exec = {}) const = 0;
 
-  // z of each row's target (one canonical dot, divided by the temperature) for rows whose
-  // target_local (a weight row) is >= 0; other rows get +0.
+  // z of each row's target (one canonical dot, softcapped, divided by the temperature) for rows
+  // whose target_local (a weight row) is >= 0; other rows get +0.
   virtual void read_target_logits(const FusedShard& shard, std::span<const int64_t> target_local,
                                   std::span<float> out) const = 0;
 

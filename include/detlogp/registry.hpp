@@ -81,10 +81,12 @@ using FusedBackend = BasicBackend<const FusedLinearLogprob>;  // OpKind::fused_l
 Backend cpu_backend(std::string name, std::string backend_id, std::string_view kernels);
 
 // Everything the canon offers: every role and dtype, any TP and CP degree, vocab padding, both
-// mask modes, LSE export, both determinism scopes, any tile width, temperature; the canonical
-// tile tree. What a backend that runs the whole canon declares (the canonical CPU backends, the
-// fused lm_head, CUDA).
-BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind);
+// mask modes, LSE export, both determinism scopes, any tile width, temperature, the logit
+// softcap when `softcap` (the CPU kernels run it; the CUDA kernels do not, and declare false);
+// the canonical tile tree. What a backend that runs the whole canon declares (the canonical CPU
+// backends, the fused lm_head, CUDA).
+BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind,
+                                   bool softcap = true);
 
 // What one of those operators serves, as the capability it declares when registered under
 // `backend_id` with `kind` (the built-in backends declare exactly this).

@@ -167,6 +167,9 @@ std::vector<std::string> BackendCapability::incompatibilities(const LogprobContr
   if (c.temperature() != 1.0f && !p_.supports_temperature) {
     reasons.push_back(fmt::format("temperature={} is unsupported", float_text(c.temperature())));
   }
+  if (c.softcap() && !p_.supports_softcap) {
+    reasons.push_back(fmt::format("softcap={} is unsupported", float_text(*c.softcap())));
+  }
   return reasons;
 }
 
@@ -183,6 +186,7 @@ nlohmann::json capability_to_json(const BackendCapability& cap) {
           {"implementation_kind", to_string(cap.implementation_kind())},
           {"tile_widths", list_or_null(cap.tile_widths())},
           {"supports_temperature", cap.supports_temperature()},
+          {"supports_softcap", cap.supports_softcap()},
           {"reduction_orders", sorted_values(cap.reduction_orders())}};
 }
 

@@ -201,6 +201,7 @@ LogprobContract::LogprobContract(const ContractParams& p)
       output_(p.output),
       export_lse_(p.export_lse),
       temperature_(p.temperature),
+      softcap_(p.softcap),
       tile_width_(kDefaultTileWidth) {
   check_enum(role_, "role");
   check_enum(dtype_, "dtype");
@@ -252,6 +253,12 @@ LogprobContract::LogprobContract(const ContractParams& p)
     throw ContractError(
         ErrorCode::out_of_range, "temperature",
         fmt::format("temperature must be a finite number > 0; got {}", float_text(temperature_)));
+  }
+  if (softcap_ && (!std::isfinite(*softcap_) || !(*softcap_ > 0.0f))) {
+    throw ContractError(
+        ErrorCode::out_of_range, "softcap",
+        fmt::format("softcap must be a finite number > 0 (or absent for no cap); got {}",
+                    float_text(*softcap_)));
   }
 }
 
@@ -326,6 +333,8 @@ nlohmann::json contract_to_json(const LogprobContract& c) {
                    {"lse_dtype", to_string(o.lse_dtype())},
                    {"tp_placement", to_string(o.tp_placement())}};
   out["temperature"] = static_cast<double>(c.temperature());
+  // Only when set: a contract without a cap keeps the JSON, and so the fingerprint, it always had.
+  if (c.softcap()) out["softcap"] = static_cast<double>(*c.softcap());
   out["numerics_version"] = kNumericsVersion;
   return out;
 }

@@ -34,6 +34,12 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
                                     "backend for entropy=true",
                                     backend_id_));
   }
+  if (c.softcap()) {
+    throw ContractError(ErrorCode::not_supported, "softcap",
+                        fmt::format("{} has no logit softcap (softcap={}); request a "
+                                    "vocab-parallel backend for a softcap",
+                                    backend_id_, *c.softcap()));
+  }
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr) ||
       logits.row_stride < logits.cols) {
     throw ContractError(

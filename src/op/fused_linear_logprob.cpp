@@ -130,6 +130,7 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
                        .vocab_start = sh.local_vocab_start(),
                        .geometry = op::tile_geometry(c),
                        .temperature = c.temperature(),
+                       .softcap = c.softcap().value_or(0.0f),
                        .row_block = opt.row_block};
   f.kernels = kernels_;
   f.backend_id = backend;

@@ -49,7 +49,8 @@ const Field kAgreedFields[] = {
 
 constexpr const char* kAgreeOn =
     "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
-    "reduction, output, temperature), deterministic mode, tile width, entropy flag, backend "
+    "reduction, output, temperature, softcap), deterministic mode, tile width, entropy flag, "
+    "backend "
     "id, numerics version and the active targets before any collective";
 
 std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,
@@ -91,6 +92,7 @@ std::array<std::string, kContractPartNames.size()> contract_parts(const LogprobC
       fmt::format("({}/{}/{} export_lse={})", to_string(o.selected_logp_dtype()),
                   to_string(o.lse_dtype()), to_string(o.tp_placement()), c.export_lse()),
       python_float_repr(static_cast<double>(c.temperature())),
+      c.softcap() ? python_float_repr(static_cast<double>(*c.softcap())) : std::string("None"),
   };
 }
 

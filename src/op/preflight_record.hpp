@@ -17,8 +17,8 @@
 namespace detlogp::op {
 
 // The contract parts compared one by one, in the order a mismatch is looked for.
-inline constexpr std::array<const char*, 7> kContractPartNames = {
-    "role", "dtype", "mask", "sharding", "reduction", "output", "temperature"};
+inline constexpr std::array<const char*, 8> kContractPartNames = {
+    "role", "dtype", "mask", "sharding", "reduction", "output", "temperature", "softcap"};
 
 inline constexpr std::size_t kPartBytes = 168;  // one part's value text, NUL-padded
 

@@ -69,7 +69,8 @@ ShardSpec local_spec(const LogprobContract& c) {
       std::clamp<int64_t>(sh.real_vocab_size() - sh.local_vocab_start(), 0, sh.local_vocab_size());
   return ShardSpec{.vocab_start = 0,
                    .geometry = {.real_vocab = real_local, .tile_width = c.tile_width()},
-                   .temperature = c.temperature()};
+                   .temperature = c.temperature(),
+                   .softcap = c.softcap().value_or(0.0f)};
 }
 
 // Each row's node partials folded left to right into one (the non-deterministic per-shard
@@ -171,7 +172,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   if (opt.deterministic) {
     saved->spec = ShardSpec{.vocab_start = sh.local_vocab_start(),
                             .geometry = op::tile_geometry(c),
-                            .temperature = c.temperature()};
+                            .temperature = c.temperature(),
+                            .softcap = c.softcap().value_or(0.0f)};
     local_nodes = covers.of_rank[sh.tp_rank()];
   } else {
     saved->spec = local_spec(c);

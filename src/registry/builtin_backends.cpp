@@ -47,7 +47,8 @@ void check_kernels(std::string_view kernels) {
 
 }  // namespace
 
-BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind) {
+BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind,
+                                   bool softcap) {
   return BackendCapability(
       {.backend_id = std::string(backend_id),
        .roles = kAllRoles,
@@ -57,7 +58,8 @@ BackendCapability canon_capability(std::string_view backend_id, ImplementationKi
        .exports_vocab_lse = true,
        .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
        .implementation_kind = kind,
-       .supports_temperature = true});
+       .supports_temperature = true,
+       .supports_softcap = softcap});
 }
 
 BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,

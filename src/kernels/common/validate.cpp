@@ -88,6 +88,10 @@ void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* 
   if (!(spec.temperature > 0.0f) || !std::isfinite(spec.temperature)) {
     fail(kernel, fmt::format("spec.temperature = {} must be finite and > 0", spec.temperature));
   }
+  if (spec.softcap != 0.0f && (!(spec.softcap > 0.0f) || !std::isfinite(spec.softcap))) {
+    fail(kernel,
+         fmt::format("spec.softcap = {} must be 0 (no cap) or finite and > 0", spec.softcap));
+  }
 }
 
 void validate_tree_node(const TileGeometry& geometry, const TreeNode& node, const char* kernel) {

@@ -47,6 +47,19 @@ void require_device_pointer(const void* p, const char* kernel, const char* what)
   }
 }
 
+// The CUDA kernels do not implement the logit softcap (their capability does not declare it);
+// a spec with one is refused here too, never computed without the cap.
+void refuse_softcap(const ShardSpec& spec, const char* kernel) {
+  if (spec.softcap != 0.0f) {
+    throw ContractError(ErrorCode::not_supported, "softcap",
+                        std::string("detlogp ") + kernel +
+                            ": the CUDA kernels have no logit "
+                            "softcap (softcap=" +
+                            std::to_string(spec.softcap) +
+                            "); run a softcap contract on the CPU backends");
+  }
+}
+
 int multiprocessor_count() {
   int device = 0;
   int sms = 1;
@@ -91,6 +104,7 @@ void CudaShardKernels::node_partials(const LogitsView& shard, const ShardSpec& s
                                      std::span<const TreeNode> nodes, bool with_entropy,
                                      std::span<NodePartial> out, const ExecOptions&) const {
   kernels::validate_node_partials(shard, spec, nodes, out);
+  refuse_softcap(spec, "node_partials");
   if (shard.rows == 0 || nodes.empty()) return;
   const bool any_data = shard.cols > 0;
   if (any_data) require_device_pointer(shard.data, "node_partials", "shard.data");
@@ -157,6 +171,7 @@ void CudaShardKernels::backward(const LogitsView& shard, const ShardSpec& spec,
                                 const BackwardInputs& in, const MutableLogitsView& grad,
                                 const ExecOptions&) const {
   kernels::validate_backward(shard, spec, in, grad);
+  refuse_softcap(spec, "backward");
   if (shard.rows == 0 || shard.cols == 0) return;
   require_device_pointer(shard.data, "backward", "shard.data");
   require_device_pointer(grad.data, "backward", "grad.data");
@@ -210,6 +225,7 @@ void CudaShardKernels::read_target_logits(const LogitsView& shard, const ShardSp
   const char* kernel = "read_target_logits";
   kernels::validate_shard(shard, spec, kernel);
   kernels::validate_targets(shard, spec, target_local, kernel);
+  refuse_softcap(spec, kernel);
   if (static_cast<int64_t>(out.size()) != shard.rows) {
     throw ContractError("detlogp read_target_logits: out has " + std::to_string(out.size()) +
                         " entries, expected rows = " + std::to_string(shard.rows));

@@ -11,8 +11,10 @@
 namespace detlogp {
 
 BackendCapability cuda_capability() {
-  // The CUDA kernels run the whole canon (docs/cuda.md).
-  return canon_capability(kCudaCanonicalBackendId, ImplementationKind::production);
+  // The CUDA kernels run the whole canon (docs/cuda.md) but the logit softcap: a contract with
+  // a softcap is refused with that reason, never served by a fallback.
+  return canon_capability(kCudaCanonicalBackendId, ImplementationKind::production,
+                          /*softcap=*/false);
 }
 
 void register_cuda_backend(Registry& registry) {

@@ -218,12 +218,14 @@ struct CaseShard {
 };
 
 CaseShard case_shard(DType dtype, int64_t tile_width, int64_t real_vocab, int64_t cols,
-                     int64_t rows, float temperature, uint64_t stream, int64_t pad) {
+                     int64_t rows, float temperature, uint64_t stream, int64_t pad,
+                     float softcap = 0.0f) {
   CaseShard s;
   const std::vector<float> values = adversarial_values(rows, cols, real_vocab, stream);
   s.m = make_matrix(values, rows, cols, cols + pad, dtype);
   s.spec.geometry = TileGeometry{real_vocab, tile_width};
   s.spec.temperature = temperature;
+  s.spec.softcap = softcap;
   const int64_t tiles = (cols + tile_width - 1) / tile_width;
   s.cover = canonical_cover(s.spec.geometry, 0, tiles);
   return s;
@@ -237,6 +239,7 @@ struct ForwardCase {
   int64_t rows;
   float temperature;
   uint64_t stream;
+  float softcap = 0.0f;  // 0: none
 };
 
 std::vector<NodePartial> partials_of(const ShardKernels& k, const LogitsView& v,
@@ -251,9 +254,10 @@ std::vector<NodePartial> partials_of(const ShardKernels& k, const LogitsView& v,
 void check_forward(const ForwardCase& fc, const ShardKernels& k) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(fc.dtype)) + " W " +
                std::to_string(fc.tile_width) + " R " + std::to_string(fc.real_vocab) + " cols " +
-               std::to_string(fc.cols) + " tau " + std::to_string(fc.temperature));
+               std::to_string(fc.cols) + " tau " + std::to_string(fc.temperature) + " cap " +
+               std::to_string(fc.softcap));
   const CaseShard shard = case_shard(fc.dtype, fc.tile_width, fc.real_vocab, fc.cols, fc.rows,
-                                     fc.temperature, fc.stream, 5);
+                                     fc.temperature, fc.stream, 5, fc.softcap);
   const Matrix& m = shard.m;
   const ShardSpec& spec = shard.spec;
   const std::vector<TreeNode>& cover = shard.cover;
@@ -321,6 +325,42 @@ TEST_P(SimdTarget, DetExpMatchesCanon) {
     } else {
       ASSERT_EQ(bits(want), bits(y[i])) << "x = " << x[i] << " (" << std::hex << bits(x[i]) << ")";
     }
+  }
+}
+
+// The target's vector det_tanh against the canon's: a strided sample of every fp32 bit pattern
+// (both signs, subnormals, the polynomial's threshold, saturation, infinities, NaNs).
+TEST_P(SimdTarget, DetTanhMatchesCanon) {
+  std::vector<float> x;
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 4093) x.push_back(canon::float_of(uint32_t(u)));
+  for (uint32_t u = canon::bits_of(0.5f); u <= canon::bits_of(0.625f); u += 61) {
+    x.push_back(canon::float_of(u));
+    x.push_back(-canon::float_of(u));
+  }
+  for (float v : {0.0f, -0.0f, 1e-45f, -1e-45f, 0.5625f, -0.5625f, 0.56249994f, 9.0f, 9.02f, 44.0f,
+                  44.5f, 1e30f, -1e30f, kInf, -kInf, kNaN}) {
+    x.push_back(v);
+  }
+  std::vector<float> y(x.size());
+  ops().det_tanh_array(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = canon::det_tanh(x[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(y[i])) << "x = " << x[i];
+    } else {
+      ASSERT_EQ(bits(want), bits(y[i])) << "x = " << x[i] << " (" << std::hex << bits(x[i]) << ")";
+    }
+  }
+}
+
+// Forward with a logit softcap (with and without a temperature), on the adversarial rows
+// (inf, NaN, huge and tied logits): the capped leaves and roots of the reference, bit for bit.
+TEST_P(SimdTarget, SoftcapForwardMatchesReference) {
+  for (DType dt : {DType::fp32, DType::bf16, DType::fp16}) {
+    check_forward({dt, 128, 1000, 1024, 32, 1.0f, 61, 30.0f}, kernels());
+    check_forward({dt, 48, 997, 1056, 32, 0.7f, 62, 5.0f}, kernels());
+    check_forward({dt, 4, 301, 304, 32, 1.0f, 63, 0.75f}, kernels());
+    check_forward({dt, 128, 7, 128, 16, 1.3f, 64, 50.0f}, kernels());
   }
 }
 
@@ -421,6 +461,7 @@ struct BackwardCase {
   bool logp, lse, entropy;  // which incoming gradients are supplied
   float grad_scale;
   uint64_t stream;
+  float softcap = 0.0f;  // 0: none
 };
 
 std::vector<uint8_t> run_backward(const ShardKernels& k, const Matrix& m, const ShardSpec& spec,
@@ -436,9 +477,10 @@ void check_backward(const BackwardCase& bc, const ShardKernels& k) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(bc.dtype)) + " W " +
                std::to_string(bc.tile_width) + " R " + std::to_string(bc.real_vocab) + " tau " +
                std::to_string(bc.temperature) + " grads " + std::to_string(bc.logp) +
-               std::to_string(bc.lse) + std::to_string(bc.entropy));
+               std::to_string(bc.lse) + std::to_string(bc.entropy) + " cap " +
+               std::to_string(bc.softcap));
   const CaseShard shard = case_shard(bc.dtype, bc.tile_width, bc.real_vocab, bc.cols, bc.rows,
-                                     bc.temperature, bc.stream, 3);
+                                     bc.temperature, bc.stream, 3, bc.softcap);
   const Matrix& m = shard.m;
   const ShardSpec& spec = shard.spec;
   const std::vector<TreeNode>& cover = shard.cover;
@@ -485,6 +527,20 @@ TEST_P(SimdTarget, BackwardMatchesReference) {
     check_backward({dt, 128, 500, 512, 32, 1.0f, true, true, true, 1e5f, 33}, kernels());
     check_backward({dt, 128, 500, 512, 32, 1.0f, true, true, true, 1e-6f, 34}, kernels());
     check_backward({dt, 128, 500, 512, 32, 2.5f, true, true, true, 3e4f, 35}, kernels());
+  }
+}
+
+// Backward with a logit softcap: the slope times the canon's gradient of the capped z, every
+// supplied-gradient combination, non-finite roots, gradients large enough to overflow.
+TEST_P(SimdTarget, SoftcapBackwardMatchesReference) {
+  for (DType dt : {DType::fp32, DType::bf16, DType::fp16}) {
+    for (int mask = 1; mask < 8; ++mask) {
+      const bool a = mask & 1, b = mask & 2, c = mask & 4;
+      check_backward({dt, 128, 1000, 1024, 48, 1.0f, a, b, c, 1.0f, 70u + mask, 30.0f}, kernels());
+    }
+    check_backward({dt, 48, 997, 1056, 32, 0.7f, true, true, true, 1.0f, 81, 5.0f}, kernels());
+    check_backward({dt, 4, 301, 304, 32, 1.0f, true, false, true, 1.0f, 82, 0.75f}, kernels());
+    check_backward({dt, 128, 500, 512, 32, 2.5f, true, true, true, 3e38f, 83, 30.0f}, kernels());
   }
 }
 

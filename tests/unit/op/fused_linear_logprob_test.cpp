@@ -19,8 +19,9 @@ constexpr int64_t kReal = 200;
 constexpr int64_t kH = 37;  // not a multiple of 16: exercises the canon's zero padding
 constexpr int64_t kRows = 7;
 
-ContractOptions contract_options(float temperature = 1.0f) {
-  return ContractOptions{.tile_width = kW, .temperature = temperature};
+ContractOptions contract_options(float temperature = 1.0f,
+                                 std::optional<float> softcap = std::nullopt) {
+  return ContractOptions{.tile_width = kW, .temperature = temperature, .softcap = softcap};
 }
 
 std::vector<int64_t> make_targets(int64_t rows, uint32_t salt) {
@@ -197,6 +198,44 @@ TEST(FusedLinearLogprob, EqualsTheOperatorOnLinearLogits) {
         for (int64_t i = kReal * kH; i < layout.padded * kH; ++i) {
           ASSERT_EQ(canon::bits_of(got.grad_weight[i]), 0u) << what << ": padding rows get +0";
         }
+      }
+    }
+  }
+}
+
+// With a logit softcap: the fused op is the logits op on the linear logits (both capped), bit
+// for bit, and invariant across TP layouts; the cap really changes the outputs.
+TEST(FusedLinearLogprob, SoftcapEqualsTheOperatorOnLinearLogitsAcrossTp) {
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    for (float tau : {1.0f, 0.7f}) {
+      const Layout base = padded_layout(kReal, 1, kW);
+      const std::vector<Layout> layouts = {padded_layout(kReal, 2, kW),
+                                           uneven_layout(kReal, {3, 7, 3}, kW),
+                                           padded_layout(kReal, 8, kW)};
+      int64_t widest = base.padded;
+      for (const Layout& l : layouts) widest = std::max(widest, l.padded);
+      const Problem p = make_problem(dt, kRows, widest, 91);
+      const GradInputs grads = make_grads(kRows, true, 9);
+      const ContractOptions copt = contract_options(tau, 2.0f);
+      const FullLogits z = logits_of(p.hidden, p.weight);
+      const VocabParallelLogprob op(reference_kernels(), "test-reference");
+      const Layout wide{kReal, widest, {{0, widest}}};
+      const TpRun want = run_tp(op, z, wide, p.targets, copt, {.entropy = true}, grads);
+      const FusedRunOptions o{.fused = {.entropy = true}, .grads = grads};
+      const FusedRun got = run_fused(p.hidden, p.weight, base, p.targets, copt, o);
+      const std::string what = std::string(to_string(dt)) + " tau=" + std::to_string(tau);
+      EXPECT_EQ(bits(want.ranks[0].result.logp), bits(got.ranks[0].logp)) << what;
+      EXPECT_EQ(bits(want.ranks[0].result.lse), bits(got.ranks[0].lse)) << what;
+      EXPECT_EQ(bits(want.ranks[0].result.entropy), bits(got.ranks[0].entropy)) << what;
+      const CanonGrads cg = canon_grads(want.grad, p.hidden, p.weight);
+      EXPECT_EQ(bits(cg.hidden), bits(got.grad_hidden[0])) << what;
+      EXPECT_EQ(bits(cg.weight), bits(real_rows(got.grad_weight, kReal))) << what;
+      const FusedRun uncapped =
+          run_fused(p.hidden, p.weight, base, p.targets, contract_options(tau), o);
+      EXPECT_NE(bits(uncapped.ranks[0].lse), bits(got.ranks[0].lse)) << what;
+      for (const Layout& l : layouts) {
+        expect_same_outputs(got, run_fused(p.hidden, p.weight, l, p.targets, copt, o),
+                            what + " TP=" + std::to_string(l.bounds.size()));
       }
     }
   }

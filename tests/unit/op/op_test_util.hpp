@@ -93,6 +93,7 @@ struct ContractOptions {
   std::optional<int64_t> tile_width = std::nullopt;
   float temperature = 1.0f;
   int64_t ignore_index = -100;
+  std::optional<float> softcap = std::nullopt;
 };
 
 inline LogprobContract make_contract(const Layout& layout, int64_t rank, int64_t rows,
@@ -113,6 +114,7 @@ inline LogprobContract make_contract(const Layout& layout, int64_t rank, int64_t
                           .sharding = sharding,
                           .reduction = reduction,
                           .temperature = o.temperature,
+                          .softcap = o.softcap,
                           .tile_width = o.tile_width});
 }
 

@@ -34,9 +34,8 @@ void tile_gradient(const FusedShard& shard, const BackwardInputs& in, int64_t r0
     const float entropy = gc.has_entropy ? in.entropy[row] : 0.0f;
     const int64_t target = in.target_local[row] - local0;  // column in this tile, or outside
     for (int64_t k = 0; k < count; ++k) {
-      const float z = canon::scale_logit(s.z[i * w + k], shard.temperature);
-      s.g[i * w + k] = canon::canonicalize(
-          canon::grad_element(z, k == target, lse, entropy, gc, shard.temperature));
+      s.g[i * w + k] = canon::canonicalize(canon::grad_of_logit(
+          s.z[i * w + k], k == target, lse, entropy, gc, shard.temperature, shard.softcap));
     }
   }
 }

@@ -98,8 +98,10 @@ void item_partials(const DotOps& ops, const ShardKernels& shard_kernels, const F
       const int64_t count = tile_logits(ops, shard, h, t, r0, m, s);
       const LogitsView zt{
           .data = s.z.data(), .dtype = DType::fp32, .rows = m, .cols = count, .row_stride = w};
-      const ShardSpec spec{
-          .vocab_start = t * w, .geometry = shard.geometry, .temperature = shard.temperature};
+      const ShardSpec spec{.vocab_start = t * w,
+                           .geometry = shard.geometry,
+                           .temperature = shard.temperature,
+                           .softcap = shard.softcap};
       const TreeNode leaf{0, t};
       shard_kernels.node_partials(zt, spec, std::span<const TreeNode>(&leaf, 1), ent, s.leaf,
                                   ExecOptions{.threads = 1});
@@ -160,7 +162,7 @@ void CpuFusedKernels::read_target_logits(const FusedShard& shard,
     const float* wr = weight_rows(shard.weight, target_local[i], 1, s, &ldw);
     float x = 0.0f;
     ops_.dot_tile(row.data(), hs, 1, wr, ldw, 1, hs, &x, 1);
-    out[i] = canon::scale_logit(x, shard.temperature);
+    out[i] = canon::scored_logit(x, shard.softcap, shard.temperature);
   }
 }
 

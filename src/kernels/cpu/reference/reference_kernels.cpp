@@ -2,12 +2,13 @@
 // node, one column at a time, single-threaded. Every floating-point operation is a call into
 // numerics/canon.hpp; this file only decides which values go in, in which order:
 //
-//   leaf(t)            the tile's real columns, widened, divided by tau, canon::leaf_partial
+//   leaf(t)            the tile's real columns, widened, softcapped, divided by tau,
+//                      canon::leaf_partial
 //   value(level, i)    leaf(i) at level 0, identity for tiles at or beyond T,
 //                      else canon::merge(value(level-1, 2i), value(level-1, 2i+1))
 //   root               rebuilt from given nodes by the same recursion (numerics/root_program.hpp),
 //                      canon::finish_root
-//   gradient           canon::grad_element per real column, +0 on padding, narrowed
+//   gradient           canon::grad_of_logit per real column, +0 on padding, narrowed
 //
 // The SIMD kernels are tested bitwise against this file.
 #include <vector>
@@ -30,11 +31,15 @@ class ShardRow {
   ShardRow(const LogitsView& shard, const ShardSpec& spec, int64_t row)
       : shard_(shard), spec_(spec), row_offset_(row * shard.row_stride) {}
 
-  // z = fp32(x) / tau of a real global column held by the shard.
+  // The widened logit x of a real global column held by the shard.
+  float x(int64_t global_col) const {
+    return numerics::load_as_float(shard_.data, shard_.dtype,
+                                   row_offset_ + global_col - spec_.vocab_start);
+  }
+
+  // z = softcap(x) / tau of a real global column held by the shard.
   float z(int64_t global_col) const {
-    const float x = numerics::load_as_float(shard_.data, shard_.dtype,
-                                            row_offset_ + global_col - spec_.vocab_start);
-    return canon::scale_logit(x, spec_.temperature);
+    return canon::scored_logit(x(global_col), spec_.softcap, spec_.temperature);
   }
 
   // numerics.md "Leaf partial": over the tile's real columns only, in column order.
@@ -112,8 +117,8 @@ class ReferenceKernels final : public ShardKernels {
         const int64_t global = spec.vocab_start + c;
         float value = 0.0f;  // padding columns: exactly +0
         if (global < real_end) {
-          value =
-              canon::grad_element(row.z(global), c == target, lse, entropy, g, spec.temperature);
+          value = canon::grad_of_logit(row.x(global), c == target, lse, entropy, g,
+                                       spec.temperature, spec.softcap);
         }
         numerics::store_from_float(grad.data, grad.dtype, r * grad.row_stride + c, value);
       }
@@ -141,7 +146,7 @@ void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
     }
     const float x = numerics::load_as_float(shard.data, shard.dtype, r * shard.row_stride + t);
     // NaN payloads differ between devices: a NaN target logit is written as the canonical NaN.
-    out[ri] = canon::canonicalize(canon::scale_logit(x, spec.temperature));
+    out[ri] = canon::canonicalize(canon::scored_logit(x, spec.softcap, spec.temperature));
   }
 }
 

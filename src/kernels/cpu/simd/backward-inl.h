@@ -29,6 +29,7 @@
 #include "kernels/cpu/simd/convert-inl.h"
 #include "kernels/cpu/simd/exp-inl.h"
 #include "kernels/cpu/simd/lanes-inl.h"
+#include "kernels/cpu/simd/softcap-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace detlogp::simd {
@@ -188,9 +189,56 @@ HWY_NOINLINE void Bf16StepGeneral(VF ze, VF zo, int64_t c, const RowGrad& rg, ui
   }
 }
 
+// Backward with a softcap (canon::grad_of_logit): per vector, th = det_tanh(x / cap), z =
+// (cap * th) / tau, GradVec of z (the canon's gradient of z, divided by tau), times the slope
+// (1 - th) * (1 + th). The product may be NaN (an infinite gradient times a zero slope), so the
+// canonical-NaN select always runs. No streaming stores.
+template <DType kDT, bool kScaled, bool kEntropy>
+void BackwardRowsCapped(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
+  using T = typename Storage<kDT>::T;
+  const DF d;
+  const VF vtau = hn::Set(d, job.temperature);
+  const VF vcap = hn::Set(d, job.softcap);
+  const int64_t real_end =
+      std::clamp<int64_t>(job.geometry.real_vocab - job.vocab_start, 0, job.cols);
+  const T* base = static_cast<const T*>(job.data);
+  T* gbase = static_cast<T*>(job.grad);
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const T* src = base + row * job.row_stride;
+    T* dst = gbase + row * job.grad_row_stride;
+    const RowGrad rg = MakeRowGrad(job, row);
+    auto grad_of = [&](VF x, int64_t c0) HWY_ATTR {
+      const int64_t lane =
+          rg.target >= c0 && rg.target < c0 + static_cast<int64_t>(kN) ? rg.target - c0 : -1;
+      const Capped cz = CapLogits<kScaled>(x, vcap, vtau);
+      bool may_nan;
+      return hn::Mul(GradVec<kScaled, kEntropy>(cz.z, lane, rg, may_nan), SoftcapSlope(cz.th));
+    };
+    int64_t c = 0;
+    for (; c + static_cast<int64_t>(kN) <= real_end; c += kN) {
+      StoreGrad<kDT>(grad_of(LoadWide<kDT>(src + c), c), dst + c, false, true);
+    }
+    if (c < real_end) {
+      const int64_t n = real_end - c;
+      HWY_ALIGN T in[kN];
+      HWY_ALIGN T out[kN];
+      std::memset(in, 0, sizeof in);
+      std::memcpy(in, src + c, static_cast<size_t>(n) * sizeof(T));
+      StoreGrad<kDT>(grad_of(LoadWide<kDT>(in), c), out, false, true);
+      std::memcpy(dst + c, out, static_cast<size_t>(n) * sizeof(T));
+    }
+    // Padding columns: exactly +0.
+    if (real_end < job.cols) {
+      std::memset(dst + real_end, 0, static_cast<size_t>(job.cols - real_end) * sizeof(T));
+    }
+  }
+}
+
 template <DType kDT, bool kScaled, bool kEntropy>
 void BackwardRowsT(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
   using T = typename Storage<kDT>::T;
+  if (job.softcap != 0.0f)
+    return BackwardRowsCapped<kDT, kScaled, kEntropy>(job, row_begin, row_end);
   const DF d;
   const VF vtau = hn::Set(d, job.temperature);
   const int64_t real_end =

@@ -34,6 +34,10 @@ void DetExpArray(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = canon::det_exp(x[i]);
 }
 
+void DetTanhArray(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = canon::det_tanh(x[i]);
+}
+
 void NodePartialsRows(const NodePartialsJob& job, int64_t row_begin, int64_t row_end) {
   const int64_t W = job.geometry.tile_width;
   const int64_t R = job.geometry.real_vocab;
@@ -52,7 +56,7 @@ void NodePartialsRows(const NodePartialsJob& job, int64_t row_begin, int64_t row
         z.resize(static_cast<size_t>(count));
         for (int64_t k = 0; k < count; ++k) {
           const float x = numerics::load_as_float(job.data, job.dtype, row_base + col + k);
-          z[static_cast<size_t>(k)] = canon::scale_logit(x, job.temperature);
+          z[static_cast<size_t>(k)] = canon::scored_logit(x, job.softcap, job.temperature);
         }
         level.push_back(canon::leaf_partial(z.data(), count, job.with_entropy));
       }
@@ -88,8 +92,8 @@ void BackwardRows(const BackwardJob& job, int64_t row_begin, int64_t row_end) {
       float grad = 0.0f;  // padding columns: exactly +0
       if (c < real_end) {
         const float x = numerics::load_as_float(job.data, job.dtype, row * job.row_stride + c);
-        const float z = canon::scale_logit(x, job.temperature);
-        grad = canon::grad_element(z, c == job.target_local[row], lse, entropy, g, job.temperature);
+        grad = canon::grad_of_logit(x, c == job.target_local[row], lse, entropy, g, job.temperature,
+                                    job.softcap);
       }
       numerics::store_from_float(job.grad, job.dtype, row * job.grad_row_stride + c, grad);
     }

@@ -39,7 +39,8 @@ simd::ShardJob shard_job(const LogitsView& shard, const ShardSpec& spec) {
                         .cols = shard.cols,
                         .vocab_start = spec.vocab_start,
                         .geometry = spec.geometry,
-                        .temperature = spec.temperature};
+                        .temperature = spec.temperature,
+                        .softcap = spec.softcap};
 }
 
 int thread_count(const ExecOptions& exec, int64_t rows, int64_t elements_per_row) {

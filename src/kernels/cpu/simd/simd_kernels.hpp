@@ -24,6 +24,7 @@ struct ShardJob {
   int64_t vocab_start = 0;
   TileGeometry geometry;
   float temperature = 1.0f;
+  float softcap = 0.0f;  // 0: none
 };
 
 struct NodePartialsJob : ShardJob {
@@ -61,6 +62,8 @@ using NodePartialsRowsFn = void (*)(const NodePartialsJob& job, int64_t row_begi
 using BackwardRowsFn = void (*)(const BackwardJob& job, int64_t row_begin, int64_t row_end);
 // y[i] = det_exp(x[i]) with the target's vector det_exp (for tests).
 using DetExpArrayFn = void (*)(const float* x, float* y, int64_t n);
+// y[i] = det_tanh(x[i]) with the target's vector det_tanh (for tests).
+using DetTanhArrayFn = void (*)(const float* x, float* y, int64_t n);
 
 // One compiled SIMD target.
 struct TargetOps {
@@ -70,6 +73,7 @@ struct TargetOps {
   NodePartialsRowsFn node_partials_rows = nullptr;
   BackwardRowsFn backward_rows = nullptr;
   DetExpArrayFn det_exp_array = nullptr;
+  DetTanhArrayFn det_tanh_array = nullptr;
 };
 
 // The targets compiled in and supported by this CPU, best first. Read from Highway's dispatch

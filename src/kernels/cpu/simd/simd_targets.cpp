@@ -5,6 +5,7 @@
 //   lanes-inl.h     vector types, fma, 2^n, the canon's lane folds
 //   exp-inl.h       det_exp
 //   convert-inl.h   widening of the logits, narrowing of the gradients
+//   softcap-inl.h   det_tanh and the capped logits of a tile
 //   leaf-inl.h      the leaf partial of one tile
 //   tree-inl.h      node_partials: leaves and the tree inside each node
 //   backward-inl.h  backward
@@ -36,6 +37,7 @@
 #include "kernels/cpu/simd/backward-inl.h"
 #include "kernels/cpu/simd/exp-inl.h"
 #include "kernels/cpu/simd/scalar-inl.h"
+#include "kernels/cpu/simd/softcap-inl.h"
 #include "kernels/cpu/simd/tree-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -46,7 +48,8 @@ namespace HWY_NAMESPACE {
 const TargetOps* GetTargetOps() {
   static const TargetOps ops{HWY_TARGET,          hwy::TargetName(HWY_TARGET),
                              HWY_NATIVE_FMA != 0, &NodePartialsRows,
-                             &BackwardRows,       &DetExpArray};
+                             &BackwardRows,       &DetExpArray,
+                             &DetTanhArray};
   return &ops;
 }
 
