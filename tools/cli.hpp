@@ -34,6 +34,7 @@ struct RunOptions {
   int threads = 0;  // 0: all hardware threads, split across the ranks of a group
   uint64_t batch_key = 2026;
   float temperature = 1.0f;
+  std::optional<float> softcap;  // the logit softcap; none by default
   std::string backend = "auto";
   std::string comm = "auto";   // auto | in-process | mpi
   std::string device = "cpu";  // cpu | cuda (device.hpp)
@@ -51,6 +52,7 @@ struct LogprobOptions {
   std::optional<int64_t> tile_width;
   std::optional<int64_t> num_vocab_tiles;
   float temperature = 1.0f;
+  std::optional<float> softcap;  // the logit softcap; none by default
   std::string backend = "auto";
   std::string device = "cpu";
   bool entropy = false;
@@ -95,6 +97,8 @@ int resolve_threads(int requested);
 int rank_threads(int total, int ranks, int rank);
 // --collective-timeout in seconds -> milliseconds; UsageError unless finite and in [0, 10^9].
 std::chrono::milliseconds parse_collective_timeout(double seconds);
+// --softcap: UsageError unless absent or finite and > 0.
+void check_softcap_option(const std::optional<float>& softcap);
 // UsageError unless 1 <= tp <= kMaxInProcessRanks (the in-process group's limit).
 void check_in_process_tp(int64_t tp, const char* option);
 // "1,2,4" -> {1, 2, 4}; UsageError for anything else (option named in the message).

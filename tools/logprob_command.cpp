@@ -102,6 +102,7 @@ void check_logprob_options(const LogprobOptions& o) {
   if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
     throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
   }
+  check_softcap_option(o.softcap);
   if (!o.grad_entropy.empty() && !o.entropy) {
     throw UsageError("--grad-entropy needs --entropy (the entropy gradient needs the entropy)");
   }
@@ -224,16 +225,17 @@ void write_outputs(const LogprobOptions& o, const LogprobInputs& in, const Score
   out.push_back(as_ref("lse", r0.result.lse));
   if (o.entropy) out.push_back(as_ref("entropy", r0.result.entropy));
   if (wants_backward(req.grads)) out.push_back(grad_t.ref());
-  const io::Metadata metadata{{"producer", fmt::format("detlogp {}", version())},
-                              {"numerics_version", std::string(kNumericsVersion)},
-                              {"backend", r0.actual_backend},
-                              {"kernel", r0.kernel},
-                              {"contract_fingerprint", r0.contract_fingerprint},
-                              {"real_vocab", std::to_string(in.real)},
-                              {"tp", std::to_string(o.tp)},
-                              {"tile_width", std::to_string(req.tile_width)},
-                              {"temperature", fmt::format("{}", o.temperature)},
-                              {"deterministic", o.deterministic ? "true" : "false"}};
+  io::Metadata metadata{{"producer", fmt::format("detlogp {}", version())},
+                        {"numerics_version", std::string(kNumericsVersion)},
+                        {"backend", r0.actual_backend},
+                        {"kernel", r0.kernel},
+                        {"contract_fingerprint", r0.contract_fingerprint},
+                        {"real_vocab", std::to_string(in.real)},
+                        {"tp", std::to_string(o.tp)},
+                        {"tile_width", std::to_string(req.tile_width)},
+                        {"temperature", fmt::format("{}", o.temperature)},
+                        {"deterministic", o.deterministic ? "true" : "false"}};
+  if (o.softcap) metadata["softcap"] = fmt::format("{}", *o.softcap);
   io::write_tensors_to(tensors_out, out, metadata);
   std::string names;
   for (const io::TensorRef& t : out) names += (names.empty() ? "" : ", ") + std::string(t.name);
@@ -273,6 +275,7 @@ int logprob_command(const LogprobOptions& o) {
                          .bounds = even_tile_aligned_bounds(padded, o.tp, w),
                          .tile_width = w,
                          .temperature = o.temperature,
+                         .softcap = o.softcap,
                          .backend = o.backend,
                          .platform = platform_of(device),
                          .deterministic = o.deterministic,

@@ -43,6 +43,9 @@ void add_run(CLI::App& app, RunOptions& o) {
   add_defaulted(app, "--batch-key", o.batch_key,
                 "key of the synthetic batch (same key, same batch)");
   add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
+  app.add_option(
+      "--softcap", o.softcap,
+      "logit softcap: scores use cap * tanh(logits / cap) / temperature (default: none)");
   add_defaulted(app, "--backend", o.backend,
                 "registry request: auto, production, reference or an id");
   add_defaulted(app, "--comm", o.comm, "auto (mpi when launched by mpirun), in-process or mpi");
@@ -69,6 +72,9 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
   tw->excludes(nt);
   nt->excludes(tw);
   add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
+  app.add_option(
+      "--softcap", o.softcap,
+      "logit softcap: scores use cap * tanh(logits / cap) / temperature (default: none)");
   add_defaulted(app, "--backend", o.backend, "registry request");
   add_defaulted(app, "--device", o.device, "cpu or cuda (logits on the GPU, the cuda backend)");
   app.add_flag("--entropy", o.entropy, "also compute the entropy");

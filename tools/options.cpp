@@ -22,6 +22,12 @@ int rank_threads(int total, int ranks, int rank) {
   return std::max(1, total / ranks + (rank < total % ranks ? 1 : 0));
 }
 
+void check_softcap_option(const std::optional<float>& softcap) {
+  if (softcap && !(std::isfinite(*softcap) && *softcap > 0)) {
+    throw UsageError(fmt::format("--softcap must be finite and > 0; got {}", *softcap));
+  }
+}
+
 std::chrono::milliseconds parse_collective_timeout(double seconds) {
   if (!(std::isfinite(seconds) && seconds >= 0 && seconds <= 1e9)) {
     throw UsageError(fmt::format(

@@ -41,12 +41,22 @@ void widen_row(DType dtype, const void* row, int64_t n, std::vector<float>& out)
 void check_row(Accuracy& acc, DType grad_dtype, const RowInputs& in, const RowOutputs& out) {
   const std::size_t n = in.logits.size();
   const double t = in.temperature;
-  std::vector<double> z(n);
+  std::vector<double> z(n), slope(n, 1.0);
   double m = -std::numeric_limits<double>::infinity();
   for (std::size_t j = 0; j < n; ++j) {
-    z[j] = static_cast<double>(in.logits[j]) / t;
+    z[j] = static_cast<double>(in.logits[j]);
+    if (in.softcap) {  // the exact cap: cap * tanh(x / cap), slope 1 - tanh^2
+      const double cap = *in.softcap;
+      const double th = std::tanh(z[j] / cap);
+      z[j] = cap * th;
+      slope[j] = 1.0 - th * th;
+    }
+    z[j] /= t;
     m = std::max(m, z[j]);
   }
+  // The canon's cap rounds each z within 3 * 2^-23 cap / T (numerics.md "Accuracy of logp"):
+  // logp, LSE and entropy get twice that on top of their bounds.
+  const double cap_term = in.softcap ? 6.0 * std::ldexp(1.0, -23) * *in.softcap / t : 0.0;
   double s = 0;
   for (std::size_t j = 0; j < n; ++j) s += std::exp(z[j] - m);
   const double lse = m + std::log(s);
@@ -59,7 +69,7 @@ void check_row(Accuracy& acc, DType grad_dtype, const RowInputs& in, const RowOu
   const double e_logp = std::abs(static_cast<double>(out.logp) - logp);
   acc.lse = std::max(acc.lse, e_lse);
   acc.logp = std::max(acc.logp, e_logp);
-  const double value_bound = kValueAtol + kValueRtol * std::abs(lse);
+  const double value_bound = kValueAtol + kValueRtol * std::abs(lse) + cap_term;
   bool ok = e_lse <= value_bound && e_logp <= value_bound;
   if (!in.active && std::bit_cast<uint32_t>(out.logp) != 0) {  // exactly +0
     acc.inactive_logp_zero = false;
@@ -68,7 +78,7 @@ void check_row(Accuracy& acc, DType grad_dtype, const RowInputs& in, const RowOu
   if (out.has_entropy) {
     const double e_h = std::abs(static_cast<double>(out.entropy) - h);
     acc.entropy = std::max(acc.entropy, e_h);
-    ok = ok && e_h <= kValueAtol;
+    ok = ok && e_h <= kValueAtol + cap_term;
   }
   if (!out.grad.empty()) {
     const double gl = in.active ? in.grad_logp : 0.0;
@@ -76,7 +86,7 @@ void check_row(Accuracy& acc, DType grad_dtype, const RowInputs& in, const RowOu
       const double p = std::exp(z[j] - lse);
       double g = gl * ((static_cast<int64_t>(j) == in.target ? 1.0 : 0.0) - p) + in.grad_lse * p -
                  in.grad_entropy * p * (z[j] - lse + h);
-      g /= t;
+      g = g / t * slope[j];
       const double err = std::abs(static_cast<double>(out.grad[j]) - g);
       // The gradient of z is divided by T: its absolute error scales with 1 / T.
       const double bound = kGradAtol / t + kGradRtol * std::abs(g) + half_ulp(grad_dtype, g);

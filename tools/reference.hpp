@@ -10,6 +10,7 @@
 // must have logp exactly 0.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct RowInputs {
   int64_t target = 0;
   bool active = true;
   float temperature = 1.0f;
+  std::optional<float> softcap = std::nullopt;  // z = cap * tanh(x / cap) / temperature
   float grad_logp = 0, grad_lse = 0, grad_entropy = 0;
 };
 

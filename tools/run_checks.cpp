@@ -25,6 +25,7 @@ void check_run_options(const RunOptions& o) {
   if (!(std::isfinite(o.temperature) && o.temperature > 0)) {
     throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
   }
+  check_softcap_option(o.softcap);
   if (o.threads < 0) throw UsageError(fmt::format("--threads must be >= 0; got {}", o.threads));
   parse_dtype(o.dtype, "--dtype");
   parse_device(o.device);
@@ -80,8 +81,9 @@ bool padding_is_zero(const LogitsView& grad, int64_t real) {
 }
 
 Accuracy check_sampled_rows(const SyntheticSpec& spec, const SyntheticRows& rows, float temperature,
-                            std::span<const float> logp, std::span<const float> lse,
-                            std::span<const float> entropy, const LogitsView& grad) {
+                            std::optional<float> softcap, std::span<const float> logp,
+                            std::span<const float> lse, std::span<const float> entropy,
+                            const LogitsView& grad) {
   Accuracy acc;
   const int64_t real = spec.real_vocab;
   const std::size_t esz = dtype_size(spec.dtype);
@@ -101,6 +103,7 @@ Accuracy check_sampled_rows(const SyntheticSpec& spec, const SyntheticRows& rows
                   .target = rows.targets[i],
                   .active = rows.active[i],
                   .temperature = temperature,
+                  .softcap = softcap,
                   .grad_logp = rows.grad_logp[i],
                   .grad_lse = rows.grad_lse[i],
                   .grad_entropy = rows.grad_entropy[i]},

@@ -52,7 +52,8 @@ bool padding_is_zero(const LogitsView& grad, int64_t real);
 // The float64 reference on kSampleRows rows of the whole batch: logits regenerated from
 // `spec`, outputs and gradient (`grad`: [tokens, >= real], any row_stride) from the operator.
 Accuracy check_sampled_rows(const SyntheticSpec& spec, const SyntheticRows& rows, float temperature,
-                            std::span<const float> logp, std::span<const float> lse,
-                            std::span<const float> entropy, const LogitsView& grad);
+                            std::optional<float> softcap, std::span<const float> logp,
+                            std::span<const float> lse, std::span<const float> entropy,
+                            const LogitsView& grad);
 
 }  // namespace detlogp::cli

@@ -158,6 +158,7 @@ std::vector<std::string> agreed_options(const RunOptions& o) {
           fmt::format("--tile-width {}", o.tile_width),
           fmt::format("--batch-key {}", o.batch_key),
           fmt::format("--temperature {}", o.temperature),
+          fmt::format("--softcap {}", o.softcap ? fmt::format("{}", *o.softcap) : "none"),
           fmt::format("--backend {}", o.backend),
           fmt::format("--collective-timeout {}", o.collective_timeout)};
 }

@@ -48,8 +48,8 @@ TpRunReport judge_tp_run(const RunOptions& o, const SyntheticSpec& spec, const S
   r.contract_fingerprint = rank0.contract_fingerprint;
   r.provenance = nlohmann::json::parse(rank0.provenance_json);
   r.digests = compute_digests(out.logp, out.lse, out.entropy, out.grad, o.real_vocab);
-  r.accuracy =
-      check_sampled_rows(spec, rows, o.temperature, out.logp, out.lse, out.entropy, out.grad);
+  r.accuracy = check_sampled_rows(spec, rows, o.temperature, o.softcap, out.logp, out.lse,
+                                  out.entropy, out.grad);
   return r;
 }
 
@@ -82,8 +82,9 @@ std::string format_run_report(const RunReport& rep) {
   std::string out;
   out += fmt::format(
       "detlogp run: {} tokens ({} active) x {} real vocab, {}, tile width {}, temperature {}, "
-      "batch key {}\n",
-      o.tokens, rep.active_tokens, o.real_vocab, o.dtype, o.tile_width, o.temperature, o.batch_key);
+      "{}batch key {}\n",
+      o.tokens, rep.active_tokens, o.real_vocab, o.dtype, o.tile_width, o.temperature,
+      o.softcap ? fmt::format("softcap {}, ", *o.softcap) : std::string(), o.batch_key);
   const TpRunReport& first = rep.runs.front();
   out += fmt::format("backend {} -> {} (kernel {}), {} ({} process{}), {} thread{}\n", o.backend,
                      first.actual_backend, first.kernel, rep.comm, rep.world_size,
@@ -148,6 +149,7 @@ nlohmann::json run_report_json(const RunReport& rep) {
                   {"batch_key", o.batch_key},
                   {"temperature", std::stod(fmt::format("{}", o.temperature))},
                   {"backend", o.backend}};
+  if (o.softcap) j["options"]["softcap"] = std::stod(fmt::format("{}", *o.softcap));
   j["active_tokens"] = rep.active_tokens;
   const TpRunReport& first = rep.runs.front();
   j["provenance"] = first.provenance;

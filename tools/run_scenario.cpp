@@ -33,6 +33,7 @@ ScoreRequest run_request(const RunOptions& o, const RunScenario& s, const VocabL
                       .bounds = layout.vocab_shard_bounds,
                       .tile_width = o.tile_width,
                       .temperature = o.temperature,
+                      .softcap = o.softcap,
                       .backend = o.backend,
                       .entropy = true,
                       .targets = rows.targets,

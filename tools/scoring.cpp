@@ -104,6 +104,7 @@ LogprobContract make_contract(const ScoreRequest& r, int64_t tp_rank) {
                           .sharding = sharding,
                           .reduction = reduction,
                           .temperature = r.temperature,
+                          .softcap = r.softcap,
                           .tile_width = r.tile_width});
 }
 

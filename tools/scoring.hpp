@@ -27,6 +27,7 @@ struct ScoreRequest {
   std::vector<VocabRange> bounds = {};  // one per TP rank
   int64_t tile_width = kDefaultTileWidth;
   float temperature = 1.0f;
+  std::optional<float> softcap = std::nullopt;
   std::string backend = "auto";
   // Registry platform: "cpu", or "cuda" (device logits and gradient, see device.hpp).
   std::string platform = "cpu";

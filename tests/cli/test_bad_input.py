@@ -180,6 +180,7 @@ def test_bad_usage(d):
     expect_bad(d, logprob_args(**{"--tile-width": "64", "--num-vocab-tiles": "4"}))
     expect_bad(d, logprob_args(**{"--grad-entropy": "grad.npy"}), "--entropy")
     expect_bad(d, logprob_args(**{"--temperature": "0"}), "--temperature")
+    expect_bad(d, logprob_args(**{"--softcap": "-1"}), "--softcap")
     expect_bad(d, logprob_args(**{"--backend": "no-such-backend"}))
     expect_bad(d, logprob_args(**{"--tp": "16"}))  # more ranks than 256 / 128 tiles
     expect_bad(d, logprob_args(**{"--out": None}), "--out")

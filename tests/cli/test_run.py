@@ -54,6 +54,23 @@ def test_digests_depend_on_the_data():
         assert a[k] != b[k] and a[k] != c[k], k
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_softcap_digests_equal_across_tp_and_differ_from_no_cap(dtype):
+    # Logits of the synthetic batch reach a few tens: a cap of 3 changes every output.
+    r = run_json("run", *SMALL, "--dtype", dtype, "--tp", "1,2,3,8", "--softcap", 3,
+                 "--temperature", 0.7)
+    assert r["checks"] == {"bitwise": True, "accuracy": True, "passed": True}
+    assert r["options"]["softcap"] == 3.0
+    digests = r["digests"]
+    for tp, d in digests.items():
+        assert d == digests["1"], f"TP={tp}"
+    plain = run_json("run", *SMALL, "--dtype", dtype, "--tp", "1", "--temperature", 0.7)
+    assert "softcap" not in plain["options"]
+    assert plain["contract_fingerprint"] != r["contract_fingerprint"]
+    for k, v in plain["digests"]["1"].items():
+        assert v != digests["1"][k], k
+
+
 def test_reference_backend_gives_the_same_digests():
     a = run_json("run", "--tokens", 12, "--real-vocab", 1000, "--tp", "1,2")
     b = run_json("run", "--tokens", 12, "--real-vocab", 1000, "--tp", "2",
