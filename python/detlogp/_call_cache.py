@@ -132,7 +132,7 @@ class CallCache:
             return self._contracts.weight
 
     def contract(self, key, active, ignore_index, make_sharding, dtype, temperature, tile_width,
-                 reduction):
+                 reduction, softcap=None):
         """The contract of ``key`` (built on a miss from the uint8 ``active`` mask and
         ``make_sharding()``). The key holds no mask (a digest of it), and what is kept is the
         contract alone, holding its mask once."""
@@ -144,7 +144,7 @@ class CallCache:
         mask = MaskSpec._from_cpp(_detlogp.mask_spec_from_bytes(active, ignore_index))
         contract = LogprobContract(role="train", dtype=dtype, mask=mask, sharding=make_sharding(),
                                    reduction=reduction, tile_width=tile_width,
-                                   temperature=temperature)
+                                   temperature=temperature, softcap=softcap)
         contract = contract._sharing_mask()
         with self._lock:
             self._contracts.put(key, contract, (len(active) + 7) // 8)

@@ -337,20 +337,33 @@ def _temperature(value):
     return float(value)
 
 
+def _softcap(value):
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise LogprobContractError(
+            f"softcap must be None or a finite number > 0; got {value!r}")
+    return float(value)
+
+
 class LogprobContract(_Frozen):
     """One selected-token logprob request, with detlogp's tile width and temperature.
 
     ``reduction=None`` / ``output=None`` mean the defaults. ``tile_width`` (W) or the tile count
     ``num_vocab_tiles`` (W = padded / n) give the vocab tile width; neither means W = 128.
     Scores are computed on ``logits / temperature`` (in fp32: the temperature is rounded to
-    float32 once, and ``.temperature`` returns that value).
+    float32 once, and ``.temperature`` returns that value). ``softcap`` (None: no cap; else
+    finite and > 0, rounded to float32 like the temperature) caps the logits first:
+    ``softcap * tanh(logits / softcap) / temperature``.
     """
 
     __slots__ = ("_mask", "_sharding", "_reduction", "_output", "_num_vocab_tiles",
                  "_tile_width_arg")
 
     def __init__(self, role, dtype, mask, sharding, reduction=None, output=None,
-                 export_lse=True, tile_width=None, num_vocab_tiles=None, temperature=1.0):
+                 export_lse=True, tile_width=None, num_vocab_tiles=None, temperature=1.0,
+                 softcap=None):
         role = coerce_enum(Role, role, "role")
         dtype = coerce_enum(DType, dtype, "dtype")
         if not isinstance(mask, MaskSpec):
@@ -372,10 +385,12 @@ class LogprobContract(_Frozen):
         tile_width = check_optional_int(tile_width, "tile_width", "positive")
         num_vocab_tiles = check_optional_int(num_vocab_tiles, "num_vocab_tiles", "positive")
         temperature = _temperature(temperature)
+        softcap = _softcap(softcap)
         cpp = _detlogp.LogprobContract(
             role=role.value, dtype=dtype.value, mask=mask._cpp, sharding=sharding._cpp,
             reduction=reduction._cpp, output=output._cpp, export_lse=True,
-            temperature=temperature, tile_width=tile_width, num_vocab_tiles=num_vocab_tiles)
+            temperature=temperature, tile_width=tile_width, num_vocab_tiles=num_vocab_tiles,
+            softcap=softcap)
         self._init(cpp, _mask=mask, _sharding=sharding, _reduction=reduction, _output=output,
                    _num_vocab_tiles=num_vocab_tiles, _tile_width_arg=tile_width)
 
@@ -387,6 +402,8 @@ class LogprobContract(_Frozen):
     output = property(lambda self: self._output)
     export_lse = property(lambda self: True)
     temperature = property(lambda self: self._cpp.temperature)
+    #: The logit softcap (float32 value), or None.
+    softcap = property(lambda self: self._cpp.softcap)
     #: The resolved vocab tile width W.
     tile_width = property(lambda self: self._cpp.tile_width)
     #: As given (None unless the tile count form was used).
@@ -426,7 +443,7 @@ class LogprobContract(_Frozen):
         fields = dict(role=self.role, dtype=self.dtype, mask=self.mask, sharding=self.sharding,
                       reduction=self.reduction, output=self.output, export_lse=True,
                       tile_width=self._tile_width_arg, num_vocab_tiles=self._num_vocab_tiles,
-                      temperature=self.temperature)
+                      temperature=self.temperature, softcap=self.softcap)
         unknown = set(changes) - set(fields)
         if unknown:
             raise TypeError(f"LogprobContract has no field(s) {sorted(unknown)}")
@@ -445,6 +462,8 @@ class LogprobContract(_Frozen):
         if self._tile_width_arg is not None or self._num_vocab_tiles is None:
             kwargs["tile_width"] = self.tile_width
         kwargs["temperature"] = self.temperature
+        if self.softcap is not None:
+            kwargs["softcap"] = self.softcap
         return kwargs
 
 
@@ -489,7 +508,7 @@ class LogprobBackendCapability(_Frozen):
                  supports_vocab_padding=False, mask_modes=(), exports_vocab_lse=False,
                  determinism_scopes=(), implementation_kind=ImplementationKind.production,
                  tile_widths=None, supports_temperature=False,
-                 reduction_orders=(ReductionOrder.canonical_tile_tree,)):
+                 reduction_orders=(ReductionOrder.canonical_tile_tree,), supports_softcap=False):
         if not isinstance(backend_id, str):
             raise LogprobContractError("backend_id must be a non-empty string")
         msg = "roles and dtypes must be iterables of enum values"
@@ -507,6 +526,7 @@ class LogprobBackendCapability(_Frozen):
                                           "implementation_kind")
         tile_widths = _size_list(tile_widths, "tile_widths")
         check_bool(supports_temperature, "supports_temperature")
+        check_bool(supports_softcap, "supports_softcap")
         reduction_orders = _enum_set(ReductionOrder, reduction_orders, "reduction_orders",
                                      "reduction_orders must be an iterable of enum values")
         vals = lambda s: sorted(m.value for m in s)  # noqa: E731
@@ -519,7 +539,7 @@ class LogprobBackendCapability(_Frozen):
             implementation_kind=implementation_kind.value,
             tile_widths=None if tile_widths is None else list(tile_widths),
             supports_temperature=supports_temperature,
-            reduction_orders=vals(reduction_orders))
+            reduction_orders=vals(reduction_orders), supports_softcap=supports_softcap)
         self._init(cpp, _fields=json.loads(cpp.to_json()))
 
     @classmethod
@@ -548,6 +568,7 @@ class LogprobBackendCapability(_Frozen):
         lambda self: ImplementationKind(self._fields["implementation_kind"]))
     tile_widths = _tuple_or_none("tile_widths")
     supports_temperature = property(lambda self: self._fields["supports_temperature"])
+    supports_softcap = property(lambda self: self._fields["supports_softcap"])
     reduction_orders = _set_of(ReductionOrder, "reduction_orders")
     del _set_of, _tuple_or_none
 
@@ -581,7 +602,8 @@ class LogprobBackendCapability(_Frozen):
                     implementation_kind=self.implementation_kind,
                     tile_widths=self.tile_widths,
                     supports_temperature=f["supports_temperature"],
-                    reduction_orders=self.reduction_orders)
+                    reduction_orders=self.reduction_orders,
+                    supports_softcap=f["supports_softcap"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _check_mixed_grad(hidden, weight):
 
 
 def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_width,
-                      temperature, ignore_index, bounds=None):
+                      temperature, ignore_index, bounds=None, softcap=None):
     """A train contract for even shards of weight rows (padded vocab = local rows x TP) unless
     ``bounds`` gives every rank's rows (a DTensor weight's split), active tokens those whose
     target is not ``ignore_index``."""
@@ -90,7 +90,7 @@ def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_
         mask=MaskSpec(num_tokens=len(active), active_mask=active, ignore_index=ignore_index),
         sharding=ShardingSpec(tp_rank=rank, tp_world_size=tp, vocab_shard_bounds=bounds,
                               real_vocab_size=real, padded_vocab_size=padded),
-        temperature=temperature, **kwargs)
+        temperature=temperature, softcap=softcap, **kwargs)
 
 
 def _outputs(handle, convert):
@@ -179,7 +179,7 @@ class _NoTokensCall:
 
 def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=None, contract=None,
                           entropy=False, temperature=1.0, tile_width=None, ignore_index=-100,
-                          validate=True, threads=0, kernel=""):
+                          validate=True, threads=0, kernel="", softcap=None):
     """``(logp, lse)`` or ``(logp, lse, entropy)`` (fp32 [tokens], replicated on every TP rank)
     of ``softmax(hidden @ weight.T / temperature)`` over the real vocabulary.
 
@@ -191,7 +191,9 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     ``contract``, the shards are taken as even (padded vocab = local_vocab x TP, rank r owning
     rows [r * local_vocab, (r + 1) * local_vocab)), ``real_vocab`` (default: the padded size)
     marks the padding rows, and tokens whose target is ``ignore_index`` are inactive. With
-    ``contract``, its sharding, mask, temperature and tile width are used as given.
+    ``contract``, its sharding, mask, temperature, softcap and tile width are used as given.
+    ``softcap`` (None: no cap; only without ``contract``): scores use
+    ``softcap * tanh(logits / softcap) / temperature``.
 
     Torch tensors that require grad get autograd: ``hidden.grad`` (the full gradient, already
     summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
@@ -206,15 +208,16 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
             _fused_call, hidden, weight, targets, group=group, contract=contract,
             real_vocab=real_vocab, entropy=entropy, temperature=temperature,
             tile_width=tile_width, ignore_index=ignore_index, validate=validate,
-            threads=threads, kernel=kernel)
+            threads=threads, kernel=kernel, softcap=softcap)
     return _fused_call(hidden, weight, targets, group=group, real_vocab=real_vocab,
                        contract=contract, entropy=entropy, temperature=temperature,
                        tile_width=tile_width, ignore_index=ignore_index, validate=validate,
-                       threads=threads, kernel=kernel)
+                       threads=threads, kernel=kernel, softcap=softcap)
 
 
 def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperature,
-                tile_width, ignore_index, validate, threads, kernel, contract=None, bounds=None):
+                tile_width, ignore_index, validate, threads, kernel, contract=None, bounds=None,
+                softcap=None):
     """``fused_linear_logprobs`` on plain tensors; ``bounds``: every rank's weight rows
     (default: even shards)."""
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
@@ -233,9 +236,13 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
             comm = None if group is None else communicator_for(group, 2)
             if not no_tokens:
                 contract = _default_contract(hv, wv, tg, comm, real_vocab, tile_width,
-                                             temperature, ignore_index, bounds)
+                                             temperature, ignore_index, bounds, softcap)
         elif not isinstance(contract, LogprobContract):
             raise LogprobContractError("contract must be a LogprobContract")
+        elif softcap is not None:
+            raise LogprobContractError(
+                f"softcap={softcap!r} with a contract: the contract's softcap "
+                f"({contract.softcap!r}) is used; pass the cap in the contract, not both")
         if not no_tokens:
             comm = communicator_for(group, contract.sharding.tp_world_size)
             # The registry's fused op kind: the capability is checked, the provenance kept.

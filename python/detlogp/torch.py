@@ -23,7 +23,8 @@ from detlogp._call import LogitsCall, join_without_tokens
 from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
 from detlogp._checks import check_bool, check_int
 from detlogp._comm import peers_fail_on_error
-from detlogp._contract import ReductionSpec, ShardingSpec, _temperature, megatron_padded_vocab
+from detlogp._contract import (ReductionSpec, ShardingSpec, _softcap, _temperature,
+                               megatron_padded_vocab)
 from detlogp._detlogp import LogprobContractError
 from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
@@ -203,7 +204,7 @@ def _active(flat_targets, loss_mask, ignore_index, lead_shape):
 
 def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
              temperature, deterministic, vocab_start, threads, tile_width, entropy,
-             entropy_grad):
+             entropy_grad, softcap=None):
     if not isinstance(logits, torch.Tensor):
         raise LogprobContractError(f"logits must be a torch.Tensor; got {type(logits).__name__}")
     platform = platform_of(logits, "logits")
@@ -227,10 +228,12 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     if deterministic and tp > 1:
         _check_tiles(bounds, tile_width, real, tp, cols, inferred)
     temperature = _temperature(temperature)
+    softcap = _softcap(softcap)
 
     p = _Prepared()
     p.logits, p.tokens = logits, (flat_targets, active, ign)
-    p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign)
+    p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,
+             softcap)
     p.make_sharding = lambda: ShardingSpec(tp_rank=rank, tp_world_size=tp,
                                            vocab_shard_bounds=list(bounds),
                                            real_vocab_size=real, padded_vocab_size=padded)
@@ -260,13 +263,14 @@ def _bind(p, cover):
     row_targets = to_rows(flat_targets, cover, ign)
     row_active = to_rows(active, cover, False)
     (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic,
-     ign) = p.key
+     ign, softcap) = p.key
     all_active = bool(row_active.all())
     active_bytes = row_active.numpy().view(np.uint8)
     mask_key = None if all_active else mask_digest(active_bytes)
     base_key = (cover.rows,) + p.key
     contract = p.cache.contract(base_key + (mask_key,), active_bytes, ign, p.make_sharding,
-                                dtype, temperature, tile_width, _REDUCTIONS[deterministic])
+                                dtype, temperature, tile_width, _REDUCTIONS[deterministic],
+                                softcap)
     p.dispatch = p.cache.op(base_key + (all_active, p.platform),
                             lambda: get_logprob_op(contract, "auto", platform=p.platform))
     p.contract, p.cover = contract, cover
@@ -336,7 +340,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                             ignore_index=-100, temperature=1.0, entropy=False,
                             deterministic=True, vocab_start=None, threads=None,
                             tile_width=None, entropy_grad=True, return_contract=False,
-                            cache=None):
+                            cache=None, softcap=None):
     """Selected-token log-probabilities over a vocab-sharded (TP) vocabulary, bit-for-bit the
     same at every TP degree, with autograd.
 
@@ -356,6 +360,8 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     shards) or the full table [(start, end), ...]; default: equal shards. ``threads``: kernel
     threads (default ``torch.get_num_threads()``; the bits never depend on it).
     ``entropy_grad=False`` returns the entropy without a gradient (non-differentiable).
+    ``softcap`` (None: no cap): scores use ``softcap * tanh(logits / softcap) / temperature``,
+    the logit softcap of Gemma-class models (in the contract and its fingerprint).
 
     Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
@@ -381,7 +387,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                         loss_mask=loss_mask, ignore_index=ignore_index,
                         temperature=temperature, deterministic=deterministic,
                         vocab_start=vocab_start, threads=threads, tile_width=tile_width,
-                        entropy=entropy, entropy_grad=entropy_grad)
+                        entropy=entropy, entropy_grad=entropy_grad, softcap=softcap)
     if not prep.empty and prep.call is None:  # a backend defined in Python
         outputs = _python_backend_outputs(prep.dispatch, logits, prep, group, entropy,
                                           entropy_grad)

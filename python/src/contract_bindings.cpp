@@ -180,7 +180,8 @@ void bind_contract(py::module_& m) {
       .def(py::init([](const std::string& role, const std::string& dtype, const MaskSpec& mask,
                        const ShardingSpec& sharding, const ReductionSpec& reduction,
                        const OutputSpec& output, bool export_lse, float temperature,
-                       std::optional<int64_t> tile_width, std::optional<int64_t> num_vocab_tiles) {
+                       std::optional<int64_t> tile_width, std::optional<int64_t> num_vocab_tiles,
+                       std::optional<float> softcap) {
              return LogprobContract({.role = detlogp::parse_role(role),
                                      .dtype = detlogp::parse_dtype(dtype),
                                      .mask = mask,
@@ -189,12 +190,13 @@ void bind_contract(py::module_& m) {
                                      .output = output,
                                      .export_lse = export_lse,
                                      .temperature = temperature,
+                                     .softcap = softcap,
                                      .tile_width = tile_width,
                                      .num_vocab_tiles = num_vocab_tiles});
            }),
            py::kw_only(), py::arg("role"), py::arg("dtype"), py::arg("mask"), py::arg("sharding"),
            py::arg("reduction"), py::arg("output"), py::arg("export_lse"), py::arg("temperature"),
-           py::arg("tile_width"), py::arg("num_vocab_tiles"))
+           py::arg("tile_width"), py::arg("num_vocab_tiles"), py::arg("softcap") = py::none())
       .def_property_readonly("role", value_string(&LogprobContract::role))
       .def_property_readonly("dtype", value_string(&LogprobContract::dtype))
       .def_property_readonly("mask", &LogprobContract::mask)
@@ -203,6 +205,7 @@ void bind_contract(py::module_& m) {
       .def_property_readonly("output", &LogprobContract::output)
       .def_property_readonly("export_lse", &LogprobContract::export_lse)
       .def_property_readonly("temperature", &LogprobContract::temperature)
+      .def_property_readonly("softcap", &LogprobContract::softcap)
       .def_property_readonly("tile_width", &LogprobContract::tile_width)
       .def_property_readonly(
           "numerics_version",
@@ -239,7 +242,7 @@ void bind_capability(py::module_& m) {
                        bool exports_vocab_lse, const std::vector<std::string>& determinism_scopes,
                        const std::string& implementation_kind,
                        std::optional<std::vector<int64_t>> tile_widths, bool supports_temperature,
-                       const std::vector<std::string>& reduction_orders) {
+                       const std::vector<std::string>& reduction_orders, bool supports_softcap) {
              using namespace detlogp;
              return BackendCapability(
                  {.backend_id = backend_id,
@@ -255,6 +258,7 @@ void bind_capability(py::module_& m) {
                   .implementation_kind = parse_implementation_kind(implementation_kind),
                   .tile_widths = std::move(tile_widths),
                   .supports_temperature = supports_temperature,
+                  .supports_softcap = supports_softcap,
                   .reduction_orders =
                       parse_set<ReductionOrder>(reduction_orders, "reduction_orders")});
            }),
@@ -262,7 +266,7 @@ void bind_capability(py::module_& m) {
            py::arg("tp_world_sizes"), py::arg("cp_world_sizes"), py::arg("supports_vocab_padding"),
            py::arg("mask_modes"), py::arg("exports_vocab_lse"), py::arg("determinism_scopes"),
            py::arg("implementation_kind"), py::arg("tile_widths"), py::arg("supports_temperature"),
-           py::arg("reduction_orders"))
+           py::arg("reduction_orders"), py::arg("supports_softcap") = false)
       .def_property_readonly("backend_id", &BackendCapability::backend_id)
       .def("incompatibilities", &BackendCapability::incompatibilities, py::arg("contract"))
       .def("supports", &BackendCapability::supports, py::arg("contract"))
