@@ -436,6 +436,34 @@ TEST(CudaBackendHost, CapabilityIsTheCanons) {
   EXPECT_EQ(cap.implementation_kind(), ImplementationKind::production);
 }
 
+// The CUDA kernels have no logit softcap: the capability does not declare it, dispatch on the
+// cuda platform refuses a contract with a cap and names the reason (no fallback), and the
+// kernels refuse a shard spec with one.
+TEST(CudaBackendHost, SoftcapIsRefusedWithTheReason) {
+  EXPECT_FALSE(cuda_capability().supports_softcap());
+  Registry registry;
+  register_cuda_backend(registry);
+  const LogprobContract capped(
+      {.role = Role::train,
+       .dtype = DType::bf16,
+       .mask = MaskSpec::all_active(4, -100),
+       .sharding = ShardingSpec({.tp_rank = 0,
+                                 .tp_world_size = 1,
+                                 .vocab_shard_bounds = {VocabRange{0, 256}},
+                                 .real_vocab_size = 200,
+                                 .padded_vocab_size = 256}),
+       .softcap = 30.0f});
+  EXPECT_EQ(cuda_capability().incompatibilities(capped),
+            std::vector<std::string>{"softcap=30 is unsupported"});
+  try {
+    registry.get_logprob_op(capped, "auto", "cuda");
+    ADD_FAILURE() << "a softcap contract must not be served on cuda";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("softcap=30 is unsupported"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CudaBackendHost, RegisteredOnTheCudaPlatform) {
   Registry registry;
   register_cuda_backend(registry);
