@@ -117,8 +117,9 @@ std::string format_run_report(const RunReport& rep) {
   out += fmt::format(
       "accuracy: {} sampled rows against a float64 reference on the same widened logits; bounds "
       "{:g} + {:g} |LSE| (logp, LSE), {:g} (entropy) and {:g} / T + {:g} |grad| + half an ulp of "
-      "{} (gradient)\n",
-      first.accuracy.rows, kValueAtol, kValueRtol, kValueAtol, kGradAtol, kGradRtol, o.dtype);
+      "{} (gradient){}\n",
+      first.accuracy.rows, kValueAtol, kValueRtol, kValueAtol, kGradAtol, kGradRtol, o.dtype,
+      o.softcap ? "; logp, LSE and entropy + 6 2^-23 softcap / T (the cap's rounding)" : "");
   out += fmt::format("digests (TP={}): logp {} lse {} entropy {} grad_logits {}\n", first.tp,
                      first.digests.logp.substr(0, 16), first.digests.lse.substr(0, 16),
                      first.digests.entropy.substr(0, 16), first.digests.grad_logits.substr(0, 16));

@@ -113,9 +113,15 @@ def make_inputs(rows, padded, real, stream=0, big=True):
     return x, targets, mask
 
 
-def reference(x, targets, mask, real, temperature=1.0, gl=None, gL=None, gH=None):
-    """float64 logp, lse, entropy and the gradient over the real columns."""
-    z = x[:, :real].astype(np.float64) / temperature
+def reference(x, targets, mask, real, temperature=1.0, gl=None, gL=None, gH=None, softcap=None):
+    """float64 logp, lse, entropy and the gradient over the real columns (``softcap``: the
+    logits capped exactly, softcap * tanh(x / softcap), before the temperature)."""
+    z = x[:, :real].astype(np.float64)
+    slope = 1.0
+    if softcap is not None:
+        th = np.tanh(z / softcap)
+        z, slope = softcap * th, 1.0 - th * th
+    z = z / temperature
     m = z.max(axis=1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True)))[:, 0]
     p = np.exp(z - lse[:, None])
@@ -133,4 +139,4 @@ def reference(x, targets, mask, real, temperature=1.0, gl=None, gL=None, gH=None
         grad += gL[:, None] * p
     if gH is not None:
         grad += -gH[:, None] * p * (z - lse[:, None] + h[:, None])
-    return logp, lse, h, grad / temperature
+    return logp, lse, h, grad / temperature * slope

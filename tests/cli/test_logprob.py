@@ -61,6 +61,34 @@ def test_fp32_npy_matches_float64_reference(inputs):
     assert meta["real_vocab"] == str(REAL) and len(meta["contract_fingerprint"]) == 64
 
 
+def test_softcap_matches_float64_reference_and_tp(inputs):
+    d = inputs["dir"]
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"], gl=inputs["gl"])
+    outs = []
+    for tp in (1, 2, 4):
+        p = run_cli("logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+                    "mask.npy", "--real-vocab", REAL, "--tp", tp, "--softcap", 5,
+                    "--temperature", 0.7, "--entropy", "--grad-logp", "gl.npy",
+                    "--out", f"out{tp}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+        outs.append(read_safetensors(d / f"out{tp}.safetensors"))
+    out, meta = outs[0]
+    assert meta["softcap"] == "5"
+    for tp in (2, 4):
+        for k in out:
+            assert (raw_tensor_bytes(d / f"out{tp}.safetensors", k)
+                    == raw_tensor_bytes(d / "out1.safetensors", k)), (tp, k)
+    logp, lse, h, grad = reference(inputs["x"], inputs["t"], inputs["mask"], REAL,
+                                   temperature=np.float32(0.7), gl=inputs["gl"], softcap=5.0)
+    bound = 1e-5 + 6 * 2.0 ** -23 * 5 / 0.7 + 4e-6 * np.abs(lse).max()
+    np.testing.assert_allclose(out["logp"][1], logp, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["entropy"][1], h, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["grad_logits"][1][:, :REAL], grad, atol=1e-5 / 0.7, rtol=1e-5)
+    # The cap changed the values: the uncapped LSE of these rows (logits up to 20) is far above.
+    assert np.all(reference(inputs["x"], inputs["t"], inputs["mask"], REAL)[1] - lse > 5)
+
+
 def test_bf16_safetensors_bitwise_equal_across_tp(inputs):
     d = inputs["dir"]
     bits = to_bf16_bits(inputs["x"])
