@@ -237,6 +237,13 @@ TEST(FusedLinearLogprob, SoftcapEqualsTheOperatorOnLinearLogitsAcrossTp) {
         expect_same_outputs(got, run_fused(p.hidden, p.weight, l, p.targets, copt, o),
                             what + " TP=" + std::to_string(l.bounds.size()));
       }
+      for (const std::string& k : fused_kernel_names()) {  // the reference and every target
+        FusedRunOptions ok = o;
+        ok.kernel = k;
+        ok.fused.exec.threads = 3;
+        expect_same_outputs(got, run_fused(p.hidden, p.weight, base, p.targets, copt, ok),
+                            what + " kernel " + k);
+      }
     }
   }
 }
