@@ -75,6 +75,8 @@ TEST(PreflightRecord, NamesTheDifferingPart) {
        "(max_sumexp/",
        "(max_sumexp/"},
       {"temperature", {.temperature = 1.0f}, {.temperature = 0.5f}, "1.0", "0.5"},
+      {"softcap", {.softcap = 30.0f}, {.softcap = 50.0f}, "30.0", "50.0"},
+      {"softcap", {.softcap = 30.0f}, {}, "30.0", "None"},
       {"dtype", {.dtype = DType::fp32}, {.dtype = DType::bf16}, "fp32", "bf16"},
       {"tile width", {.tile_width = 64}, {.tile_width = 128}, "64", "128"},
       {"row count", {}, {}, "6", "5", kRows, kRows - 1},
