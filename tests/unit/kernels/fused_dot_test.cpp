@@ -59,6 +59,35 @@ TEST(FusedDotKernels, DotTilesMatchTheScalarCanonOnEveryTarget) {
   }
 }
 
+TEST(FusedDotKernels, LongStridedDotTilesMatchTheScalarCanonOnEveryTarget) {
+  // Hidden sizes of several hundred elements, rows further apart than k and an output stride
+  // wider than the tile (as inside the op), tiles whose sides are not multiples of any register
+  // block, and one row whose products all underflow to -0 over the whole length.
+  const int64_t shapes[][3] = {{1, 1, 255}, {6, 5, 256},  {4, 9, 257}, {33, 130, 300},
+                               {7, 3, 511}, {2, 17, 784}, {9, 4, 1029}};
+  for (const auto& [m, n, k] : shapes) {
+    const int64_t lda = k + 3, ldb = k + 11, ldo = n + 2;
+    std::vector<float> a = random_values(static_cast<std::size_t>(m * lda), 7 + k);
+    std::vector<float> b = random_values(static_cast<std::size_t>(n * ldb), 300 + k);
+    for (int64_t j = 0; j < k; ++j) {
+      a[(m - 1) * lda + j] = -1e-30f;
+      b[(n - 1) * ldb + j] = 1e-30f;
+    }
+    for (const DotOps* ops : every_kernel()) {
+      std::vector<float> out(static_cast<std::size_t>(m * ldo));
+      ops->dot_tile(a.data(), lda, m, b.data(), ldb, n, k, out.data(), ldo);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          const float want = canon::canonical_dot(a.data() + i * lda, b.data() + j * ldb, k);
+          ASSERT_EQ(bits(want), bits(out[i * ldo + j]))
+              << ops->name << " m=" << m << " n=" << n << " k=" << k << " (" << i << ", " << j
+              << ")";
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedDotKernels, UnderflowingProductsKeepTheCanonsSignedZero) {
   // Every product is -1e-60 in exact arithmetic: each lane's fma rounds to -0, and the canon's
   // padding (k = 20 -> 32) turns lanes 4..15 back to +0 before the fold.

@@ -4,8 +4,10 @@
 // - Dot products: the canon's 16 accumulator lanes are kDotLanes / N vectors of N lanes (1 with
 //   AVX-512, 2 with AVX2, 4 with SSE4), so element k lands in canon lane k mod 16 whatever N is.
 //   A register block of MR hidden rows x NR weight rows shares every load; the k tail is run on
-//   zero-filled copies, which is the canon's +0 * +0 padding. The fold's first steps (h >= N) are
-//   vector adds of whole registers, the rest is the canon's scalar fold on the stored lanes.
+//   zero-filled copies, which is the canon's +0 * +0 padding. A tile runs column block by
+//   column block (each block of weight rows read from memory once, then from L2). The fold's first
+//   steps (h >= N) are vector adds of whole registers, the rest is the canon's scalar fold on the
+//   stored lanes.
 // - Gradient chains: each output element is its own fma chain, vectorised along the hidden
 //   dimension; a block of MI outputs shares each loaded vector, and each column block of the
 //   values is packed into a contiguous panel that stays in L1 while every output block runs
@@ -126,19 +128,26 @@ HWY_INLINE void DotBlock(const float* a, int64_t lda, const float* b, int64_t ld
   }
 }
 
-template <int MR>
-HWY_INLINE void DotRows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
-                        int64_t k, float* out, int64_t ldo) {
-  int64_t j = 0;
-  for (; j + kNR <= n; j += kNR) DotBlock<MR, kNR>(a, lda, b + j * ldb, ldb, k, out + j, ldo);
-  for (; j < n; ++j) DotBlock<MR, 1>(a, lda, b + j * ldb, ldb, k, out + j, ldo);
+// Column block [j, j + NR) of the tile: its MR x NR register blocks down every row.
+template <int NR>
+HWY_INLINE void DotColumns(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
+                           int64_t k, float* out, int64_t ldo) {
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR) DotBlock<kMR, NR>(a + i * lda, lda, b, ldb, k, out + i * ldo, ldo);
+  for (; i < m; ++i) DotBlock<1, NR>(a + i * lda, lda, b, ldb, k, out + i * ldo, ldo);
 }
 
+// Column blocks outside, rows inside: the NR weight rows of a column block (NR x H floats,
+// 48-64 KiB at H = 4096) come from memory once and then from L2 for every row block of the
+// tile, while the tile's hidden rows (row_block x H, 512 KiB at 32 x 4096) stay in L2 across
+// column blocks and tiles. Rows outside would stream the whole [W, H] weight tile (2 MiB at
+// W = 128), larger than L2, from L3 once per register row block. Each output is still one
+// DotBlock, so the order of the blocks never changes a bit.
 void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
              int64_t k, float* out, int64_t ldo) {
-  int64_t i = 0;
-  for (; i + kMR <= m; i += kMR) DotRows<kMR>(a + i * lda, lda, b, ldb, n, k, out + i * ldo, ldo);
-  for (; i < m; ++i) DotRows<1>(a + i * lda, lda, b, ldb, n, k, out + i * ldo, ldo);
+  int64_t j = 0;
+  for (; j + kNR <= n; j += kNR) DotColumns<kNR>(a, lda, m, b + j * ldb, ldb, k, out + j, ldo);
+  for (; j < n; ++j) DotColumns<1>(a, lda, m, b + j * ldb, ldb, k, out + j, ldo);
 }
 
 // MI outputs x kU vectors of one hidden chunk, chains over all nj.
