@@ -1,18 +1,26 @@
 // The fused lm_head benchmark (docs/benchmarks.md, "The fused lm_head"): in one run, this
-// machine's fp32 FMA peak (fma_peak.cpp), the canonical dot-product throughput of linear_logits
-// and of the fused forward against it, and the fused forward + backward time on one rank's
-// shape (hidden [tokens, H], weight [local_vocab, H]). Peak resident memory at the end
-// (ru_maxrss) covers the whole process: run it once per token count to see what grows.
-// One JSON object on stdout.
+// machine's fp32 FMA peak (fma_peak.cpp), a tuned BLAS's cblas_sgemm on the same product
+// `hidden @ W.T` (OpenBLAS, fp32 only; null when built without it), the canonical dot-product
+// throughput of linear_logits and of the fused forward against both, and the fused forward +
+// backward time on one rank's shape (hidden [tokens, H], weight [local_vocab, H]). Times are
+// wall-clock; the CPU seconds of the process beside them show how much of the machine the run
+// got (on a loaded machine compare the ratios of one run, never runs with each other). Peak
+// resident memory at the end (ru_maxrss) covers the whole process: run it once per token count
+// to see what grows. One JSON object on stdout.
 //
 //   bench_fused --tokens 512 --hidden 4096 --vocab 37984 --threads 2 --dtype fp32
+//   bench_fused --tokens 4096 --hidden 2048 --vocab 32768 --threads 2 --dtype fp32
+//   bench_fused ... --vocab 4096 --forward-only     (a quick run: a smaller vocabulary, no
+//   backward)
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -25,6 +33,10 @@
 #include "fma_peak.hpp"
 #include "numerics/canon.hpp"
 
+#if DETLOGP_BENCH_OPENBLAS
+#include <cblas.h>
+#endif
+
 namespace {
 
 using namespace detlogp;
@@ -35,6 +47,7 @@ struct Args {
   int64_t row_block = 32;
   std::string dtype = "fp32";
   bool skip_peak = false;
+  bool forward_only = false;
 };
 
 // The options that take a value, each with where its value goes.
@@ -53,8 +66,8 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--skip-peak") {
-      a.skip_peak = true;
+    if (k == "--skip-peak" || k == "--forward-only") {
+      (k == "--skip-peak" ? a.skip_peak : a.forward_only) = true;
       continue;
     }
     const auto* option = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
@@ -90,16 +103,61 @@ std::vector<uint8_t> random_matrix(DType dt, int64_t rows, int64_t cols, uint32_
   return out;
 }
 
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// The best wall time of `reps` runs, and the process's CPU seconds during that run.
+struct Timing {
+  double wall = 1e300, cpu = 0;
+};
+
 template <class Fn>
-double best_seconds(int reps, const Fn& fn) {
-  double best = 1e300;
+Timing best_seconds(int reps, const Fn& fn) {
+  Timing best;
   for (int r = 0; r < reps; ++r) {
+    const double c0 = process_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (wall < best.wall) best = Timing{wall, process_cpu_seconds() - c0};
   }
   return best;
+}
+
+// cblas_sgemm of C[tokens, vocab] = hidden @ W.T on `threads` threads: the tuned-BLAS baseline
+// of the same flops as the fused forward. A null time when the bench has no BLAS or the inputs
+// are not fp32.
+std::optional<Timing> sgemm_seconds(const Args& a, DType dt, const std::vector<uint8_t>& hidden,
+                                    const std::vector<uint8_t>& weight, std::string* core) {
+#if DETLOGP_BENCH_OPENBLAS
+  if (dt != DType::fp32) return std::nullopt;
+  openblas_set_num_threads(a.threads);
+  *core = openblas_get_corename();
+  std::vector<float> c(static_cast<std::size_t>(a.tokens * a.vocab));
+  const auto* x = reinterpret_cast<const float*>(hidden.data());
+  const auto* w = reinterpret_cast<const float*>(weight.data());
+  const auto m = static_cast<blasint>(a.tokens);
+  const auto n = static_cast<blasint>(a.vocab);
+  const auto k = static_cast<blasint>(a.hidden);
+  return best_seconds(a.reps, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, c.data(),
+                n);
+  });
+#else
+  (void)a, (void)dt, (void)hidden, (void)weight, (void)core;
+  return std::nullopt;
+#endif
+}
+
+std::string json_number(std::optional<double> v) {
+  if (!v) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", *v);
+  return buf;
 }
 
 }  // namespace
@@ -125,14 +183,17 @@ int main(int argc, char** argv) {
   // memory): the dot-product kernel alone.
   const int64_t slice = std::min<int64_t>(padded, 4096);
   std::vector<float> z(static_cast<std::size_t>(a.tokens * slice));
-  const double lin_s = best_seconds(a.reps, [&] {
-    linear_logits(hv, LogitsView{weight.data(), dt, slice, a.hidden, a.hidden},
-                  MutableLogitsView{z.data(), DType::fp32, a.tokens, slice, slice},
-                  {.threads = a.threads});
-  });
+  const double lin_s =
+      best_seconds(a.reps, [&] {
+        linear_logits(hv, LogitsView{weight.data(), dt, slice, a.hidden, a.hidden},
+                      MutableLogitsView{z.data(), DType::fp32, a.tokens, slice, slice},
+                      {.threads = a.threads});
+      }).wall;
   const double lin_gflops =
       2.0 * static_cast<double>(a.tokens * slice) * static_cast<double>(a.hidden) / lin_s / 1e9;
   std::vector<float>().swap(z);
+  std::string blas_core;
+  const std::optional<Timing> sgemm = sgemm_seconds(a, dt, hidden, weight, &blas_core);
 
   const LogprobContract c(
       {.role = Role::train,
@@ -150,15 +211,28 @@ int main(int argc, char** argv) {
   std::vector<float> g_logp(static_cast<std::size_t>(a.tokens), 1.0f);
   std::vector<uint8_t> gh(hidden.size()), gw(weight.size());
   FusedLogprobResult res;
-  const double fwd_s = best_seconds(a.reps, [&] {
+  const Timing fwd = best_seconds(a.reps, [&] {
     res = op.forward(hv, wv, targets, c, self,
                      {.exec = {.threads = a.threads}, .row_block = a.row_block});
   });
-  const double bwd_s = best_seconds(a.reps, [&] {
-    op.backward(res, {.grad_logp = g_logp},
-                MutableLogitsView{gh.data(), dt, a.tokens, a.hidden, a.hidden},
-                MutableLogitsView{gw.data(), dt, padded, a.hidden, a.hidden}, self);
-  });
+  const double fwd_s = fwd.wall;
+  Timing bwd{0, 0};
+  if (!a.forward_only) {
+    bwd = best_seconds(a.reps, [&] {
+      op.backward(res, {.grad_logp = g_logp},
+                  MutableLogitsView{gh.data(), dt, a.tokens, a.hidden, a.hidden},
+                  MutableLogitsView{gw.data(), dt, padded, a.hidden, a.hidden}, self);
+    });
+  }
+  const double bwd_s = bwd.wall;
+  const double fwd_gflops = flop / fwd_s / 1e9;
+  std::optional<double> sgemm_gflops, sgemm_s, sgemm_cpu_s, fwd_vs_sgemm;
+  if (sgemm) {
+    sgemm_s = sgemm->wall;
+    sgemm_cpu_s = sgemm->cpu;
+    sgemm_gflops = flop / sgemm->wall / 1e9;
+    fwd_vs_sgemm = fwd_gflops / *sgemm_gflops;
+  }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const double floor_mb =
@@ -166,12 +240,21 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"fused\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"tokens\": %lld, "
       "\"hidden\": %lld, \"local_vocab\": %lld, \"threads\": %d, \"fma_peak_gflops_1t\": %.2f, "
-      "\"fma_peak_gflops\": %.2f, \"linear_logits_gflops\": %.2f, \"forward_s\": %.4f, "
-      "\"forward_gflops\": %.2f, \"forward_vs_peak\": %.3f, \"backward_s\": %.4f, "
-      "\"forward_backward_s\": %.4f, \"peak_rss_mb\": %.1f, \"inputs_and_grads_mb\": %.1f}\n",
+      "\"fma_peak_gflops\": %.2f, \"blas\": \"%s\", \"sgemm_s\": %s, \"sgemm_cpu_s\": %s, "
+      "\"sgemm_gflops\": %s, \"linear_logits_gflops\": %.2f, \"forward_s\": %.4f, "
+      "\"forward_cpu_s\": %.4f, \"forward_gflops\": %.2f, \"forward_vs_peak\": %.3f, "
+      "\"forward_vs_sgemm\": %s, \"backward_s\": %s, \"backward_cpu_s\": %s, "
+      "\"backward_vs_forward\": %s, \"forward_backward_s\": %s, \"peak_rss_mb\": %.1f, "
+      "\"inputs_and_grads_mb\": %.1f}\n",
       op.kernel_name().c_str(), a.dtype.c_str(), static_cast<long long>(a.tokens),
       static_cast<long long>(a.hidden), static_cast<long long>(a.vocab), a.threads, peak1, peak,
-      lin_gflops, fwd_s, flop / fwd_s / 1e9, peak > 0 ? flop / fwd_s / 1e9 / peak : 0.0, bwd_s,
-      fwd_s + bwd_s, static_cast<double>(ru.ru_maxrss) / 1024.0, floor_mb);
+      sgemm ? ("OpenBLAS " + blas_core).c_str() : "none", json_number(sgemm_s).c_str(),
+      json_number(sgemm_cpu_s).c_str(), json_number(sgemm_gflops).c_str(), lin_gflops, fwd_s,
+      fwd.cpu, fwd_gflops, peak > 0 ? fwd_gflops / peak : 0.0, json_number(fwd_vs_sgemm).c_str(),
+      json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s)).c_str(),
+      json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd.cpu)).c_str(),
+      json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s / fwd_s)).c_str(),
+      json_number(a.forward_only ? std::nullopt : std::optional<double>(fwd_s + bwd_s)).c_str(),
+      static_cast<double>(ru.ru_maxrss) / 1024.0, floor_mb);
   return 0;
 }

@@ -21,6 +21,7 @@ ALL_PACKAGES=(
   "${RUN_PACKAGES[@]}"
   libopenmpi-dev openmpi-bin      # MPI transport
   libgtest-dev libbenchmark-dev   # tests and benchmarks
+  libopenblas-dev                 # bench_fused's sgemm baseline (benchmark only)
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest  # Python package
   python3-pip python3-setuptools python3-wheel python3-venv            # pip install test
   clang libclang-rt-14-dev        # libFuzzer targets
