@@ -60,10 +60,11 @@ inline std::pair<int64_t, int64_t> real_tiles_of(const TreeNode& node, int64_t r
 
 // Per-thread scratch of the tile loop.
 struct Scratch {
-  std::vector<float> w32;  // [W, H] the tile's weight rows in fp32 (bf16/fp16 inputs)
-  std::vector<float> z;    // [row_block, W] the tile's logits
-  std::vector<float> g;    // [row_block, W] their gradient
-  std::vector<float> gw;   // [W, H] grad_weight chains of one tile (a single row block)
+  std::vector<float> w32;       // [W, H] the tile's weight rows in fp32 (bf16/fp16 inputs)
+  std::vector<float> z;         // [row_block, W] the tile's logits
+  std::vector<float> g;         // [row_block, W] their gradient
+  std::vector<int64_t> target;  // [row_block] each row's target column in the tile, or -1
+  std::vector<float> gw;        // [W, H] grad_weight chains of one tile (a single row block)
   std::vector<NodePartial> leaf;
 };
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/common/grad_coefficients.hpp"
 #include "kernels/cpu/fused/cpu_fused_kernels.hpp"
 #include "kernels/cpu/fused/tree_stack.hpp"
 #include "kernels/cpu/fused/widen.hpp"
@@ -21,23 +20,38 @@ void add_into(float* left, const float* right, size_t n) {
   for (size_t i = 0; i < n; ++i) left[i] = left[i] + right[i];
 }
 
-// The canon's fp32 logit gradient of tile rows [0, m) (row stride W) from its logits s.z.
-void tile_gradient(const FusedShard& shard, const BackwardInputs& in, int64_t r0, int64_t m,
-                   int64_t t, int64_t count, Scratch& s) {
+// The canon's fp32 logit gradient of tile rows [r0, r0 + m) into s.g ([m, W], row stride W)
+// from their logits s.z: the logits operator's backward (the shard kernels, vectorised like
+// its forward) on the tile, with the rows' inputs sliced and their targets made tile-local.
+void tile_gradient(const ShardKernels& shard_kernels, const FusedShard& shard,
+                   const BackwardInputs& in, int64_t r0, int64_t m, int64_t t, int64_t count,
+                   Scratch& s) {
   const int64_t w = shard.geometry.tile_width;
   const int64_t local0 = t * w - shard.vocab_start;
   s.g.resize(static_cast<size_t>(m * w));
+  s.target.resize(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) {
-    const int64_t row = r0 + i;
-    const canon::GradCoefficients gc = kernels::grad_coefficients(in, row);
-    const float lse = in.lse[row];
-    const float entropy = gc.has_entropy ? in.entropy[row] : 0.0f;
-    const int64_t target = in.target_local[row] - local0;  // column in this tile, or outside
-    for (int64_t k = 0; k < count; ++k) {
-      s.g[i * w + k] = canon::canonicalize(canon::grad_of_logit(
-          s.z[i * w + k], k == target, lse, entropy, gc, shard.temperature, shard.softcap));
-    }
+    const int64_t c = in.target_local[r0 + i] - local0;  // column in this tile, or outside
+    s.target[i] = in.target_local[r0 + i] >= 0 && c >= 0 && c < count ? c : -1;
   }
+  auto rows = [&](std::span<const float> v) { return v.empty() ? v : v.subspan(r0, m); };
+  const BackwardInputs tile_in{.lse = rows(in.lse),
+                               .entropy = rows(in.entropy),
+                               .target_local = s.target,
+                               .grad_logp = rows(in.grad_logp),
+                               .grad_lse = rows(in.grad_lse),
+                               .grad_entropy = rows(in.grad_entropy)};
+  const ShardSpec spec{.vocab_start = t * w,
+                       .geometry = shard.geometry,
+                       .temperature = shard.temperature,
+                       .softcap = shard.softcap};
+  shard_kernels.backward(
+      LogitsView{
+          .data = s.z.data(), .dtype = DType::fp32, .rows = m, .cols = count, .row_stride = w},
+      spec, tile_in,
+      MutableLogitsView{
+          .data = s.g.data(), .dtype = DType::fp32, .rows = m, .cols = count, .row_stride = w},
+      ExecOptions{.threads = 1});
 }
 
 }  // namespace
@@ -104,7 +118,7 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
         const float* wt = nullptr;
         int64_t ldw = 0;
         const int64_t count = tile_logits(ops_, shard, h32, t, r0, m, s, &wt, &ldw);
-        tile_gradient(shard, in, r0, m, t, count, s);
+        tile_gradient(shard_, shard, in, r0, m, t, count, s);
         if (want_weight) {
           // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.
           float* y = per_tile ? s.gw.data() : gw + (t * w - shard.vocab_start - local_first) * ldgw;
