@@ -88,6 +88,37 @@ TEST(FusedDotKernels, LongStridedDotTilesMatchTheScalarCanonOnEveryTarget) {
   }
 }
 
+TEST(FusedDotKernels, LargeStridedChainsMatchTheScalarCanonOnEveryTarget) {
+  // Chains over many values of a wide hidden size (values [nj, width] of 140 x 1030 floats,
+  // 564 KiB: more than a SIMD kernel packs at once) and over a few (a row block's tokens), with
+  // rows of v, coef and y further apart than their widths, both coefficient layouts.
+  const int64_t shapes[][3] = {{9, 140, 1030}, {130, 7, 1030}};  // ni, nj, width
+  for (const auto& [ni, nj, width] : shapes) {
+    const int64_t ldv = width + 5, ldy = width + 3;
+    const std::vector<float> coef = random_values(static_cast<std::size_t>(ni * nj), 17);
+    const std::vector<float> v = random_values(static_cast<std::size_t>(nj * ldv), 18);
+    const std::vector<float> y0 = random_values(static_cast<std::size_t>(ni * ldy), 19);
+    for (bool transposed : {false, true}) {
+      const int64_t ci = transposed ? 1 : nj;
+      const int64_t cj = transposed ? ni : 1;
+      for (const DotOps* ops : every_kernel()) {
+        std::vector<float> got = y0;
+        ops->chain(coef.data(), ci, cj, ni, nj, v.data(), ldv, width, got.data(), ldy, false);
+        for (int64_t i = 0; i < ni; ++i) {
+          for (int64_t h = 0; h < width; ++h) {
+            float acc = y0[i * ldy + h];
+            for (int64_t j = 0; j < nj; ++j) {
+              acc = canon::chain_step(coef[i * ci + j * cj], v[j * ldv + h], acc);
+            }
+            ASSERT_EQ(bits(acc), bits(got[i * ldy + h]))
+                << ops->name << " ni=" << ni << " nj=" << nj << " (" << i << ", " << h << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedDotKernels, UnderflowingProductsKeepTheCanonsSignedZero) {
   // Every product is -1e-60 in exact arithmetic: each lane's fma rounds to -0, and the canon's
   // padding (k = 20 -> 32) turns lanes 4..15 back to +0 before the fold.
