@@ -5,8 +5,8 @@
 // backward time on one rank's shape (hidden [tokens, H], weight [local_vocab, H]). Times are
 // wall-clock; the CPU seconds of the process beside them show how much of the machine the run
 // got (on a loaded machine compare the ratios of one run, never runs with each other). Peak
-// resident memory at the end (ru_maxrss) covers the whole process: run it once per token count
-// to see what grows. One JSON object on stdout.
+// resident memory at the end (ru_maxrss) covers the whole process, sgemm's [tokens, vocab]
+// output included: run it once per token count to see what grows. One JSON object on stdout.
 //
 //   bench_fused --tokens 512 --hidden 4096 --vocab 37984 --threads 2 --dtype fp32
 //   bench_fused --tokens 4096 --hidden 2048 --vocab 32768 --threads 2 --dtype fp32
