@@ -6,8 +6,7 @@
 //   A register block of MR hidden rows x NR weight rows shares every load; the k tail is run on
 //   zero-filled copies, which is the canon's +0 * +0 padding. A tile runs column block by
 //   column block (each block of weight rows read from memory once, then from L2). The fold's first
-//   steps (h >= N) are vector adds of whole registers, the rest is the canon's scalar fold on the
-//   stored lanes.
+//   steps (h >= N) are vector adds of whole registers, the rest adds the register's halves.
 // - Gradient chains: each output element is its own fma chain, vectorised along the hidden
 //   dimension; a block of MI outputs shares each loaded vector, and each column block of the
 //   values is packed into a contiguous panel that stays in L1 while every output block runs
@@ -78,19 +77,26 @@ HWY_INLINE void DotChunk(const float* const* a, const float* const* b, int64_t a
   }
 }
 
+// The canon's in-register fold h = N/2 .. 1: lane j of the lower half plus lane j of the upper
+// half (lane[j] + lane[j + h]), halving the vector down to one lane.
+template <class D>
+HWY_INLINE float FoldHalves(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) == 1) {
+    (void)d;
+    return hn::GetLane(v);
+  } else {
+    const hn::Half<D> dh;
+    return FoldHalves(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
 // The canon's lane fold of one dot product's accumulators: h = 8 .. N as whole-vector adds,
-// then h = N/2 .. 1 on the stored lanes.
+// then h = N/2 .. 1 by halves of the register.
 HWY_INLINE float FoldLanes(VF (&v)[kKV]) {
-  const DF d;
   for (int w = kKV; w > 1; w /= 2) {
     for (int j = 0; j < w / 2; ++j) v[j] = hn::Add(v[j], v[j + w / 2]);
   }
-  HWY_ALIGN float lane[kN];
-  hn::Store(v[0], d, lane);
-  for (int64_t h = kN / 2; h >= 1; h /= 2) {
-    for (int64_t j = 0; j < h; ++j) lane[j] = lane[j] + lane[j + h];
-  }
-  return canon::canonicalize(lane[0]);
+  return canon::canonicalize(FoldHalves(DF(), v[0]));
 }
 
 template <int MR, int NR>
