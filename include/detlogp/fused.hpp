@@ -41,6 +41,9 @@ struct FusedOptions {
   // Rows of hidden states per work block (threads take (block, vocab node) items). The bits
   // never depend on it; it trades the per-thread working set against the weight traffic.
   int64_t row_block = 32;
+  // Per-row temperatures, as ForwardOptions::row_temperature: empty, or one finite value > 0
+  // per row of the hidden states (the contract's temperature must then be 1). Copied.
+  std::span<const float> row_temperature = {};
 };
 
 // What backward needs from forward (opaque): views of the hidden states and weight shard (never

@@ -30,6 +30,15 @@ struct ShardSpec {
   // The logit softcap: 0 for none, else finite > 0 and z = (cap * det_tanh(x / cap)) /
   // temperature (docs/numerics.md "Softcap").
   float softcap = 0.0f;
+  // Per-row temperatures: empty, or one finite value > 0 per shard row, which row r uses
+  // instead of `temperature` (docs/numerics.md "Temperature"). The arithmetic and its rounding
+  // points are the scalar temperature's: a row whose value equals `temperature` gets its bits.
+  std::span<const float> row_temperature = {};
+
+  // The divisor of row `row`.
+  float temperature_of(int64_t row) const {
+    return row_temperature.empty() ? temperature : row_temperature[static_cast<size_t>(row)];
+  }
 };
 
 struct ExecOptions {
@@ -111,6 +120,13 @@ struct FusedShard {
   float temperature = 1.0f;  // z = dot(hidden row, weight row) / temperature
   float softcap = 0.0f;      // 0: none; else the dot is softcapped before the temperature
   int64_t row_block = 32;    // rows per work block; the bits never depend on it
+  // Per-row temperatures, as ShardSpec::row_temperature: empty, or one per hidden row.
+  std::span<const float> row_temperature = {};
+
+  // The divisor of row `row`.
+  float temperature_of(int64_t row) const {
+    return row_temperature.empty() ? temperature : row_temperature[static_cast<size_t>(row)];
+  }
 };
 
 // The fused lm_head's kernels: the ShardKernels of a shard whose logits are computed tile by

@@ -41,6 +41,12 @@ struct ForwardOptions {
   // different token fail together (ContractError ranks_disagree, field "rows_layout") instead
   // of merging partials of unrelated tokens. At most 63 characters (a longer text is cut).
   std::string rows_layout = {};
+  // Per-row temperatures: empty (every row uses the contract's temperature), or one finite value
+  // > 0 per row of the logits, which that row's scores are divided by instead (docs/numerics.md
+  // "Temperature"); the contract's temperature must then be 1. Compared across ranks by the
+  // preflight (ContractError ranks_disagree, field "temperature"). Copied: need not outlive the
+  // call.
+  std::span<const float> row_temperature = {};
 };
 
 // What backward needs from forward, kept by the LogprobResult (opaque).

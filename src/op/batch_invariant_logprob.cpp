@@ -40,6 +40,12 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
                                     "vocab-parallel backend for a softcap",
                                     backend_id_, *c.softcap()));
   }
+  if (!opt.row_temperature.empty()) {
+    throw ContractError(ErrorCode::not_supported, "temperature",
+                        fmt::format("{} has no per-row temperature; pass one temperature in the "
+                                    "contract, or request a vocab-parallel backend",
+                                    backend_id_));
+  }
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr) ||
       logits.row_stride < logits.cols) {
     throw ContractError(

@@ -49,6 +49,34 @@ void check_one_target_per_row(std::span<const int64_t> targets, int64_t rows,
   }
 }
 
+void check_row_temperature(std::span<const float> row_temperature, int64_t rows,
+                           const LogprobContract& c) {
+  if (row_temperature.empty()) return;
+  if (static_cast<int64_t>(row_temperature.size()) != rows) {
+    throw ContractError(ErrorCode::wrong_shape, "temperature",
+                        fmt::format("per-row temperature has {} entries but there are {} rows; "
+                                    "pass one temperature per row, or none",
+                                    row_temperature.size(), rows));
+  }
+  if (c.temperature() != 1.0f) {
+    throw ContractError(
+        ErrorCode::conflicting_fields, "temperature",
+        fmt::format("per-row temperatures were given with a contract temperature of {}; the "
+                    "contract's temperature must be 1 when each row has its own (fold it into "
+                    "the rows' values)",
+                    c.temperature()));
+  }
+  for (std::size_t r = 0; r < row_temperature.size(); ++r) {
+    const float t = row_temperature[r];
+    if (!std::isfinite(t) || !(t > 0.0f)) {
+      throw ContractError(ErrorCode::out_of_range, "temperature",
+                          fmt::format("temperature of row {} is {}; every row's temperature must "
+                                      "be a finite number > 0",
+                                      r, t));
+    }
+  }
+}
+
 void check_dtype(DType dtype, std::string_view field, const LogprobContract& c) {
   if (dtype != c.dtype()) {
     throw ContractError(ErrorCode::wrong_dtype, field,

@@ -33,6 +33,11 @@ void check_num_tokens(int64_t rows, std::string_view field, const LogprobContrac
 void check_one_target_per_row(std::span<const int64_t> targets, int64_t rows,
                               std::string_view rows_of);
 
+// Per-row temperatures (empty: none): one per row, the contract's temperature 1, each finite and
+// > 0 (field "temperature"; the message names the first bad row and its value).
+void check_row_temperature(std::span<const float> row_temperature, int64_t rows,
+                           const LogprobContract& c);
+
 // `field`'s dtype against the contract's.
 void check_dtype(DType dtype, std::string_view field, const LogprobContract& c);
 

@@ -31,6 +31,7 @@ struct FusedSavedForward {
   ExecOptions exec;
   std::vector<float> lse;
   std::vector<float> entropy;
+  std::vector<float> row_temperature;  // what shard.row_temperature views (or empty)
 };
 
 namespace {
@@ -38,7 +39,8 @@ namespace {
 // The inputs' shapes and dtypes against the contract, then the transport and the targets.
 void check_invocation(const LogitsView& hidden, const LogitsView& weight,
                       std::span<const int64_t> targets, const LogprobContract& c,
-                      const Communicator& comm, bool validate) {
+                      const Communicator& comm, bool validate,
+                      std::span<const float> row_temperature) {
   c.check_tile_alignment();
   op::check_matrix(hidden, "hidden");
   op::check_matrix(weight, "weight_shard");
@@ -60,6 +62,7 @@ void check_invocation(const LogitsView& hidden, const LogitsView& weight,
   op::check_one_target_per_row(targets, hidden.rows, "hidden");
   op::check_dtype(hidden.dtype, "hidden", c);
   op::check_dtype(weight.dtype, "weight_shard", c);
+  op::check_row_temperature(row_temperature, hidden.rows, c);
   op::check_transport_and_targets(comm, targets, c, validate);
 }
 
@@ -111,15 +114,15 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   const ShardingSpec& sh = c.sharding();
   const int64_t rows = hidden.rows;
   const std::string backend = backend_with_hidden(hidden.cols);
-  op::check_then_preflight(
-      comm, sh.tp_world_size(),
-      op::call_facts(op::kFusedForwardPhase, c, backend, opt.entropy, rows), [&] {
-        if (opt.row_block <= 0) {
-          throw ContractError(ErrorCode::out_of_range, "row_block",
-                              fmt::format("row_block = {} must be positive", opt.row_block));
-        }
-        check_invocation(hidden, weight, targets, c, comm, opt.validate);
-      });
+  op::PreflightFacts facts = op::call_facts(op::kFusedForwardPhase, c, backend, opt.entropy, rows);
+  facts.row_temperature = opt.row_temperature;
+  op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
+    if (opt.row_block <= 0) {
+      throw ContractError(ErrorCode::out_of_range, "row_block",
+                          fmt::format("row_block = {} must be positive", opt.row_block));
+    }
+    check_invocation(hidden, weight, targets, c, comm, opt.validate, opt.row_temperature);
+  });
 
   // This rank's node partials (its canonical cover) and the target logits it owns.
   const op::TargetOwners owners = op::target_owners(c, targets);
@@ -132,6 +135,8 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
                        .temperature = c.temperature(),
                        .softcap = c.softcap().value_or(0.0f),
                        .row_block = opt.row_block};
+  f.row_temperature.assign(opt.row_temperature.begin(), opt.row_temperature.end());
+  f.shard.row_temperature = f.row_temperature;
   f.kernels = kernels_;
   f.backend_id = backend;
   f.tp = sh.tp_world_size();

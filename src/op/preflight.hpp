@@ -41,6 +41,9 @@ struct PreflightFacts {
   // mismatch names what differs. Both must outlive run_preflight.
   const LogprobContract* contract = nullptr;
   std::span<const int64_t> targets;
+  // The call's per-row temperatures (empty: none); the record carries a digest of them. Must
+  // outlive run_preflight.
+  std::span<const float> row_temperature;
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.
   std::optional<std::string> local_error;
@@ -58,7 +61,8 @@ int64_t preflight_record_bytes();
 // Runs the all-gather and the comparison. Returns normally only when every rank agrees and no
 // rank failed locally; otherwise throws ContractError on every rank. The rank whose local
 // validation failed rethrows its own message. Ranks whose rows layouts differ are reported
-// first, with field "rows_layout" (every other difference follows from it).
+// first, with field "rows_layout" (every other difference follows from it); ranks whose per-row
+// temperatures differ last, with field "temperature".
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
 
 // An operator call's first two steps: this rank's local checks, then, whenever the call is

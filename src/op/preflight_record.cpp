@@ -1,6 +1,7 @@
 #include "op/preflight_record.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <functional>
 
@@ -110,6 +111,17 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
   return fmt::format("{:016x}{:016x}", a, b);
 }
 
+std::string row_temperature_digest(std::span<const float> row_temperature) {
+  if (row_temperature.empty()) return {};
+  uint64_t a = 0, b = 0;
+  for (std::size_t i = 0; i < row_temperature.size(); ++i) {
+    const uint64_t t = std::bit_cast<uint32_t>(row_temperature[i]);
+    a += mix64(t ^ mix64(i + 0x9e3779b97f4a7c15ULL));
+    b += mix64(t + mix64(i ^ 0xd1b54a32d192ed03ULL) * 3);
+  }
+  return fmt::format("{:016x}{:016x}", a, b);
+}
+
 PreflightRecord encode_record(const PreflightFacts& f) {
   PreflightRecord r{};
   put_text(r.phase, std::string(f.phase));
@@ -123,6 +135,7 @@ PreflightRecord encode_record(const PreflightFacts& f) {
     put_text(r.targets_digest, targets_digest(f.targets, f.contract->mask().active_mask()));
     r.has_contract = 1;
   }
+  put_text(r.row_temperature_digest, row_temperature_digest(f.row_temperature));
   r.tile_width = f.tile_width;
   r.local_begin = f.local_begin;
   r.local_end = f.local_end;
@@ -192,6 +205,14 @@ std::optional<std::string> first_disagreement(std::span<const PreflightRecord> a
     return d;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> row_temperature_disagreement(std::span<const PreflightRecord> all) {
+  if (all.size() < 2) return std::nullopt;
+  return compare("per-row temperatures", all, [](const PreflightRecord& r) {
+    const std::string digest = get_text(r.row_temperature_digest);
+    return digest.empty() ? std::string("none") : "digest " + digest;
+  });
 }
 
 }  // namespace detlogp::op

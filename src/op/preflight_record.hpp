@@ -29,6 +29,7 @@ struct PreflightRecord {
   std::array<char, 48> numerics_version;
   std::array<std::array<char, kPartBytes>, kContractPartNames.size()> parts;
   std::array<char, 40> targets_digest;
+  std::array<char, 40> row_temperature_digest;  // empty text: no per-row temperatures
   std::array<char, 64> rows_layout;
   int64_t tile_width;
   int64_t local_begin;
@@ -50,6 +51,10 @@ std::array<std::string, kContractPartNames.size()> contract_parts(const LogprobC
 // rows may hold anything, so they do not count). Cheap: one pass, no allocation.
 std::string targets_digest(std::span<const int64_t> targets, const std::vector<bool>& active);
 
+// A 128-bit digest (32 hex digits) of per-row temperatures (every row, in row order, by their
+// bits); empty for none.
+std::string row_temperature_digest(std::span<const float> row_temperature);
+
 PreflightRecord encode_record(const PreflightFacts& facts);
 
 // The text after "cross-rank preflight failed: " when the ranks are in different calls (one in
@@ -65,5 +70,9 @@ std::optional<std::string> layout_disagreement(std::span<const PreflightRecord> 
 // text after "cross-rank preflight failed: ", or nullopt when they agree. Every rank calls it
 // on the same records and so gets the same text. Local errors are not looked at here.
 std::optional<std::string> first_disagreement(std::span<const PreflightRecord> all);
+
+// The text after "cross-rank preflight failed: " when the ranks' per-row temperatures differ
+// (or some pass them and others do not), else nullopt. Checked after first_disagreement.
+std::optional<std::string> row_temperature_disagreement(std::span<const PreflightRecord> all);
 
 }  // namespace detlogp::op

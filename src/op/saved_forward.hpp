@@ -13,6 +13,7 @@ struct SavedForward {
   Producer producer = Producer::vocab_parallel;  // backward only accepts its own op's results
   LogitsView logits;                             // referenced, never copied
   ShardSpec spec;                                // geometry the kernels ran with
+  std::vector<float> row_temperature;            // what spec.row_temperature views (or empty)
   std::vector<int64_t> target_local;             // owned active target's local column, else -1
   std::vector<uint8_t> active;                   // 1 per active token
   bool has_entropy = false;

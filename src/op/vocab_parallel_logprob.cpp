@@ -41,10 +41,13 @@ void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targe
 }
 
 // The invocation checks, as ContractError: the inputs' shapes and dtype (check_input_shapes),
-// then the transport, then the active targets against the real vocabulary.
+// the per-row temperatures, then the transport, then the active targets against the real
+// vocabulary.
 void check_invocation(const LogitsView& logits, std::span<const int64_t> targets,
-                      const LogprobContract& c, const Communicator& comm, bool validate) {
+                      const LogprobContract& c, const Communicator& comm, bool validate,
+                      std::span<const float> row_temperature) {
   check_input_shapes(logits, targets, c);
+  op::check_row_temperature(row_temperature, logits.rows, c);
   op::check_transport_and_targets(comm, targets, c, validate);
 }
 
@@ -93,6 +96,7 @@ void check_forward_inputs(const LogitsView& local_logits, std::span<const int64_
                           const LogprobContract& contract, const ForwardOptions& options) {
   check_mode(contract, options.deterministic);
   check_input_shapes(local_logits, targets, contract);
+  op::check_row_temperature(options.row_temperature, local_logits.rows, contract);
 }
 
 void fail_preflight(Communicator& comm, const std::string& message) {
@@ -149,9 +153,10 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   facts.rows_layout = opt.rows_layout;
   facts.contract = &c;
   facts.targets = targets;
+  facts.row_temperature = opt.row_temperature;
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     check_mode(c, opt.deterministic);
-    check_invocation(logits, targets, c, comm, opt.validate);
+    check_invocation(logits, targets, c, comm, opt.validate, opt.row_temperature);
   });
 
   // 3. This rank's node partials and its copies of the targets it owns. Deterministic: the
@@ -180,6 +185,8 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     local_nodes = canonical_cover(saved->spec.geometry, 0,
                                   op::ceil_div(sh.local_vocab_size(), c.tile_width()));
   }
+  saved->row_temperature.assign(opt.row_temperature.begin(), opt.row_temperature.end());
+  saved->spec.row_temperature = saved->row_temperature;
   std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
   if (!local_nodes.empty()) {
     kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);

@@ -88,6 +88,19 @@ void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* 
   if (!(spec.temperature > 0.0f) || !std::isfinite(spec.temperature)) {
     fail(kernel, fmt::format("spec.temperature = {} must be finite and > 0", spec.temperature));
   }
+  if (!spec.row_temperature.empty()) {
+    if (static_cast<int64_t>(spec.row_temperature.size()) != shard.rows) {
+      fail(kernel, fmt::format("spec.row_temperature has {} entries; expected one per shard row "
+                               "({}) or none",
+                               spec.row_temperature.size(), shard.rows));
+    }
+    for (size_t r = 0; r < spec.row_temperature.size(); ++r) {
+      const float t = spec.row_temperature[r];
+      if (!(t > 0.0f) || !std::isfinite(t)) {
+        fail(kernel, fmt::format("spec.row_temperature[{}] = {} must be finite and > 0", r, t));
+      }
+    }
+  }
   if (spec.softcap != 0.0f && (!(spec.softcap > 0.0f) || !std::isfinite(spec.softcap))) {
     fail(kernel,
          fmt::format("spec.softcap = {} must be 0 (no cap) or finite and > 0", spec.softcap));

@@ -22,7 +22,8 @@ void validate_geometry(const TileGeometry& geometry, const char* kernel);
 
 // The shard view and where it sits: rows, cols >= 0, row_stride >= cols, data present,
 // vocab_start >= 0 and a multiple of W, the shard's end a multiple of W or at/after R (the last
-// shard may stop inside the last tile when nothing real follows), temperature finite and > 0.
+// shard may stop inside the last tile when nothing real follows), temperature finite and > 0,
+// row_temperature empty or one finite value > 0 per row.
 void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* kernel);
 
 // A node of the tree of `geometry`: 0 <= level <= K and 0 <= index < 2^(K - level).

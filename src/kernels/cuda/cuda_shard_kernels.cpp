@@ -60,6 +60,16 @@ void refuse_softcap(const ShardSpec& spec, const char* kernel) {
   }
 }
 
+// Nor per-row temperatures: refused, never computed with the scalar one.
+void refuse_row_temperature(const ShardSpec& spec, const char* kernel) {
+  if (!spec.row_temperature.empty()) {
+    throw ContractError(ErrorCode::not_supported, "temperature",
+                        std::string("detlogp ") + kernel +
+                            ": the CUDA kernels have no per-row temperature; pass one scalar "
+                            "temperature in the contract, or run on the CPU backends");
+  }
+}
+
 int multiprocessor_count() {
   int device = 0;
   int sms = 1;
@@ -105,6 +115,7 @@ void CudaShardKernels::node_partials(const LogitsView& shard, const ShardSpec& s
                                      std::span<NodePartial> out, const ExecOptions&) const {
   kernels::validate_node_partials(shard, spec, nodes, out);
   refuse_softcap(spec, "node_partials");
+  refuse_row_temperature(spec, "node_partials");
   if (shard.rows == 0 || nodes.empty()) return;
   const bool any_data = shard.cols > 0;
   if (any_data) require_device_pointer(shard.data, "node_partials", "shard.data");
@@ -172,6 +183,7 @@ void CudaShardKernels::backward(const LogitsView& shard, const ShardSpec& spec,
                                 const ExecOptions&) const {
   kernels::validate_backward(shard, spec, in, grad);
   refuse_softcap(spec, "backward");
+  refuse_row_temperature(spec, "backward");
   if (shard.rows == 0 || shard.cols == 0) return;
   require_device_pointer(shard.data, "backward", "shard.data");
   require_device_pointer(grad.data, "backward", "grad.data");
@@ -226,6 +238,7 @@ void CudaShardKernels::read_target_logits(const LogitsView& shard, const ShardSp
   kernels::validate_shard(shard, spec, kernel);
   kernels::validate_targets(shard, spec, target_local, kernel);
   refuse_softcap(spec, kernel);
+  refuse_row_temperature(spec, kernel);
   if (static_cast<int64_t>(out.size()) != shard.rows) {
     throw ContractError("detlogp read_target_logits: out has " + std::to_string(out.size()) +
                         " entries, expected rows = " + std::to_string(shard.rows));

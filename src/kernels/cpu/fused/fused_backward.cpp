@@ -44,7 +44,8 @@ void tile_gradient(const ShardKernels& shard_kernels, const FusedShard& shard,
   const ShardSpec spec{.vocab_start = t * w,
                        .geometry = shard.geometry,
                        .temperature = shard.temperature,
-                       .softcap = shard.softcap};
+                       .softcap = shard.softcap,
+                       .row_temperature = rows(shard.row_temperature)};
   shard_kernels.backward(
       LogitsView{
           .data = s.z.data(), .dtype = DType::fp32, .rows = m, .cols = count, .row_stride = w},

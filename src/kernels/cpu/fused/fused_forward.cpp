@@ -98,10 +98,15 @@ void item_partials(const DotOps& ops, const ShardKernels& shard_kernels, const F
       const int64_t count = tile_logits(ops, shard, h, t, r0, m, s);
       const LogitsView zt{
           .data = s.z.data(), .dtype = DType::fp32, .rows = m, .cols = count, .row_stride = w};
-      const ShardSpec spec{.vocab_start = t * w,
-                           .geometry = shard.geometry,
-                           .temperature = shard.temperature,
-                           .softcap = shard.softcap};
+      const ShardSpec spec{
+          .vocab_start = t * w,
+          .geometry = shard.geometry,
+          .temperature = shard.temperature,
+          .softcap = shard.softcap,
+          .row_temperature =
+              shard.row_temperature.empty()
+                  ? std::span<const float>()
+                  : shard.row_temperature.subspan(static_cast<size_t>(r0), static_cast<size_t>(m))};
       const TreeNode leaf{0, t};
       shard_kernels.node_partials(zt, spec, std::span<const TreeNode>(&leaf, 1), ent, s.leaf,
                                   ExecOptions{.threads = 1});
@@ -162,7 +167,7 @@ void CpuFusedKernels::read_target_logits(const FusedShard& shard,
     const float* wr = weight_rows(shard.weight, target_local[i], 1, s, &ldw);
     float x = 0.0f;
     ops_.dot_tile(row.data(), hs, 1, wr, ldw, 1, hs, &x, 1);
-    out[i] = canon::scored_logit(x, shard.softcap, shard.temperature);
+    out[i] = canon::scored_logit(x, shard.softcap, shard.temperature_of(static_cast<int64_t>(i)));
   }
 }
 

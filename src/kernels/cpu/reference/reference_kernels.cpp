@@ -29,7 +29,10 @@ namespace {
 class ShardRow {
  public:
   ShardRow(const LogitsView& shard, const ShardSpec& spec, int64_t row)
-      : shard_(shard), spec_(spec), row_offset_(row * shard.row_stride) {}
+      : shard_(shard),
+        spec_(spec),
+        row_offset_(row * shard.row_stride),
+        temperature_(spec.temperature_of(row)) {}
 
   // The widened logit x of a real global column held by the shard.
   float x(int64_t global_col) const {
@@ -39,7 +42,7 @@ class ShardRow {
 
   // z = softcap(x) / tau of a real global column held by the shard.
   float z(int64_t global_col) const {
-    return canon::scored_logit(x(global_col), spec_.softcap, spec_.temperature);
+    return canon::scored_logit(x(global_col), spec_.softcap, temperature_);
   }
 
   // numerics.md "Leaf partial": over the tile's real columns only, in column order.
@@ -64,6 +67,7 @@ class ShardRow {
   const LogitsView& shard_;
   const ShardSpec& spec_;
   int64_t row_offset_;
+  float temperature_;  // this row's divisor
 };
 
 class ReferenceKernels final : public ShardKernels {
@@ -118,7 +122,7 @@ class ReferenceKernels final : public ShardKernels {
         float value = 0.0f;  // padding columns: exactly +0
         if (global < real_end) {
           value = canon::grad_of_logit(row.x(global), c == target, lse, entropy, g,
-                                       spec.temperature, spec.softcap);
+                                       spec.temperature_of(r), spec.softcap);
         }
         numerics::store_from_float(grad.data, grad.dtype, r * grad.row_stride + c, value);
       }
@@ -146,7 +150,7 @@ void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
     }
     const float x = numerics::load_as_float(shard.data, shard.dtype, r * shard.row_stride + t);
     // NaN payloads differ between devices: a NaN target logit is written as the canonical NaN.
-    out[ri] = canon::canonicalize(canon::scored_logit(x, spec.softcap, spec.temperature));
+    out[ri] = canon::canonicalize(canon::scored_logit(x, spec.softcap, spec.temperature_of(r)));
   }
 }
 

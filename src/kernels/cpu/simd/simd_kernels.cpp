@@ -43,6 +43,27 @@ simd::ShardJob shard_job(const LogitsView& shard, const ShardSpec& spec) {
                         .softcap = spec.softcap};
 }
 
+// Runs a target's row function over rows [begin, end) of `job`. With per-row temperatures, each
+// run of consecutive rows sharing one temperature is a job of its own with that scalar
+// temperature: the scalar path's arithmetic, row by row.
+template <class Job>
+void rows_with_temperature(void (*fn)(const Job&, int64_t, int64_t), const Job& job,
+                           std::span<const float> row_temperature, int64_t begin, int64_t end) {
+  if (row_temperature.empty()) {
+    fn(job, begin, end);
+    return;
+  }
+  Job run = job;
+  for (int64_t r = begin; r < end;) {
+    const float t = row_temperature[static_cast<size_t>(r)];
+    int64_t run_end = r + 1;
+    while (run_end < end && row_temperature[static_cast<size_t>(run_end)] == t) ++run_end;
+    run.temperature = t;
+    fn(run, r, run_end);
+    r = run_end;
+  }
+}
+
 int thread_count(const ExecOptions& exec, int64_t rows, int64_t elements_per_row) {
   int64_t threads = exec.threads > 0 ? exec.threads : std::thread::hardware_concurrency();
   if (threads < 1) threads = 1;
@@ -109,7 +130,9 @@ class HighwayKernels final : public ShardKernels {
     job.out = out.data();
     const int threads = thread_count(exec, shard.rows, shard.cols);
     const auto fn = ops_.node_partials_rows;
-    parallel_rows(shard.rows, threads, [&](int64_t b, int64_t e) { fn(job, b, e); });
+    parallel_rows(shard.rows, threads, [&](int64_t b, int64_t e) {
+      rows_with_temperature(fn, job, spec.row_temperature, b, e);
+    });
   }
 
   void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
@@ -154,7 +177,9 @@ class HighwayKernels final : public ShardKernels {
         shard.rows * shard.cols * static_cast<int64_t>(dtype_size(shard.dtype)) >= kStreamBytes;
     const int threads = thread_count(exec, shard.rows, shard.cols);
     const auto fn = ops_.backward_rows;
-    parallel_rows(shard.rows, threads, [&](int64_t b, int64_t e) { fn(job, b, e); });
+    parallel_rows(shard.rows, threads, [&](int64_t b, int64_t e) {
+      rows_with_temperature(fn, job, spec.row_temperature, b, e);
+    });
   }
 
  private:
