@@ -52,7 +52,8 @@ constexpr const char* kAgreeOn =
     "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
     "reduction, output, temperature, softcap), deterministic mode, tile width, entropy flag, "
     "backend "
-    "id, numerics version and the active targets before any collective";
+    "id, numerics version, the active targets and the per-row temperatures before any "
+    "collective";
 
 std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,
                                    const std::function<std::string(const PreflightRecord&)>& show) {
