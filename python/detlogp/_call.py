@@ -69,16 +69,18 @@ class LogitsCall:
 
     __slots__ = ("cpp", "backend_id", "platform", "logits", "view", "targets", "contract",
                  "comm", "deterministic", "validate", "entropy", "entropy_grad", "threads",
-                 "rows_layout")
+                 "rows_layout", "row_temperature")
 
     def __init__(self, *, cpp, backend_id, platform, logits, view, targets, contract, comm,
-                 deterministic, validate, entropy, entropy_grad, threads, rows_layout=""):
+                 deterministic, validate, entropy, entropy_grad, threads, rows_layout="",
+                 row_temperature=None):
         self.cpp, self.backend_id, self.platform = cpp, backend_id, platform
         self.logits, self.view, self.targets = logits, view, targets
         self.contract, self.comm = contract, comm
         self.deterministic, self.validate, self.threads = deterministic, validate, threads
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.rows_layout = rows_layout
+        self.row_temperature = row_temperature  # float32 [rows] or None: the contract's
 
     def _forward(self):
         with on_device(self.logits, self.platform):
@@ -86,7 +88,8 @@ class LogitsCall:
                 logits=self.view, owner=self.logits, targets=self.targets,
                 contract=self.contract._cpp, comm=self.comm, deterministic=self.deterministic,
                 validate=self.validate, entropy=self.entropy, threads=self.threads,
-                entropy_grad=self.entropy_grad, rows_layout=self.rows_layout)
+                entropy_grad=self.entropy_grad, rows_layout=self.rows_layout,
+                row_temperature=self.row_temperature)
         return LogprobForward(handle, self.logits, self.platform, self.backend_id)
 
     def run(self, again=None):

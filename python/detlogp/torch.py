@@ -53,7 +53,7 @@ class _Prepared:
     __slots__ = ("call", "view", "targets", "contract", "dispatch", "cover", "comm", "threads",
                  "deterministic", "cache", "dtype", "device", "logits", "tokens", "key",
                  "make_sharding", "platform", "entropy", "entropy_grad", "fwd",
-                 "constant_outputs")
+                 "constant_outputs", "token_temperature")
 
     @property
     def empty(self):
@@ -227,10 +227,14 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
         tile_width = check_int(tile_width, "tile_width", "positive")
     if deterministic and tp > 1:
         _check_tiles(bounds, tile_width, real, tp, cols, inferred)
+    token_temperature = None
+    if isinstance(temperature, torch.Tensor):  # one per token: the contract's is 1
+        token_temperature, temperature = _token_temperature(temperature, lead_shape), 1.0
     temperature = _temperature(temperature)
     softcap = _softcap(softcap)
 
     p = _Prepared()
+    p.token_temperature = token_temperature
     p.logits, p.tokens = logits, (flat_targets, active, ign)
     p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,
              softcap)
@@ -256,6 +260,20 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     return p
 
 
+def _token_temperature(temperature, lead_shape):
+    """A tensor of per-token temperatures (the targets' shape, floating point) as fp32 on the
+    CPU in token order; its values are checked by the operator on every rank."""
+    if not temperature.dtype.is_floating_point:
+        raise LogprobContractError(
+            f"temperature must be a number or a floating-point tensor; got dtype "
+            f"{temperature.dtype}")
+    if tuple(temperature.shape) != lead_shape:
+        raise LogprobContractError(
+            f"a temperature tensor must have the targets' shape {lead_shape} (one per token); "
+            f"got {tuple(temperature.shape)}")
+    return temperature.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
+
+
 def _bind(p, cover):
     """The rows of a call read through ``cover``: the contract (cached), dispatch, the view,
     the per-row targets and the ``LogitsCall`` of a backend defined in C++."""
@@ -278,8 +296,16 @@ def _bind(p, cover):
     p.targets = row_targets.numpy()
     op = p.dispatch.op
     if not isinstance(op, LogprobOp):  # defined in Python: called on the view itself
+        if p.token_temperature is not None:
+            raise LogprobContractError(
+                f"backend {p.dispatch.actual_backend} (defined in Python) takes no per-token "
+                "temperature; pass temperature as a number")
         p.call = None
         return
+    # Rows that are no token (holes in the cover) get 1: any valid value (their outputs are
+    # never read).
+    row_temperature = None if p.token_temperature is None else \
+        to_rows(p.token_temperature, cover, 1.0).numpy()
     # The rows layout matters to the preflight only (TP > 1); a Python-defined backend never
     # gets one (its rows are read in token order: _prepare).
     # entropy_grad=False: the operator keeps no entropy for backward (a constant).
@@ -288,7 +314,7 @@ def _bind(p, cover):
         view=tensor_view(p.view, dtype), targets=p.targets, contract=contract, comm=p.comm,
         deterministic=deterministic, validate=True, entropy=p.entropy,
         entropy_grad=p.entropy_grad or not p.entropy, threads=p.threads,
-        rows_layout=cover.layout if tp > 1 else "")
+        rows_layout=cover.layout if tp > 1 else "", row_temperature=row_temperature)
 
 
 def _outputs(fwd, cover, entropy):
@@ -362,6 +388,9 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     ``entropy_grad=False`` returns the entropy without a gradient (non-differentiable).
     ``softcap`` (None: no cap): scores use ``softcap * tanh(logits / softcap) / temperature``,
     the logit softcap of Gemma-class models (in the contract and its fingerprint).
+    ``temperature``: a number, or a floating-point tensor of the targets' shape giving each
+    token its own (finite, > 0; no gradient flows to it): a token gets the bits of a call
+    whose temperature is its own (docs/numerics.md, "Per-row temperature").
 
     Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.

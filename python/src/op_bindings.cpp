@@ -55,7 +55,8 @@ std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
                                            const std::shared_ptr<Communicator>& comm,
                                            bool deterministic, bool validate, bool entropy,
                                            int threads, bool entropy_grad,
-                                           const std::string& rows_layout) {
+                                           const std::string& rows_layout,
+                                           const std::optional<F32Array>& row_temperature) {
   if (!op) throw ContractError("op must be a LogprobOp");
   const detlogp::LogitsView view = detlogp_python::view_of(logits, kLogitsDtype);
   const detlogp::ForwardOptions opt{.deterministic = deterministic,
@@ -63,7 +64,11 @@ std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
                                     .entropy = entropy,
                                     .entropy_grad = entropy_grad,
                                     .exec = {.threads = threads},
-                                    .rows_layout = rows_layout};
+                                    .rows_layout = rows_layout,
+                                    .row_temperature = span_of(row_temperature)};
+  if (row_temperature && row_temperature->ndim() != 1) {
+    throw ContractError("row_temperature must be 1-D [rows]");
+  }
   auto handle = std::make_shared<ForwardHandle>();
   handle->op = op;
   handle->logits_owner = std::move(owner);
@@ -149,7 +154,7 @@ void bind_op(py::module_& m) {
       .def("forward", &run_forward, py::kw_only(), py::arg("logits"), py::arg("owner"),
            py::arg("targets"), py::arg("contract"), py::arg("comm"), py::arg("deterministic"),
            py::arg("validate"), py::arg("entropy"), py::arg("threads"), py::arg("entropy_grad"),
-           py::arg("rows_layout"));
+           py::arg("rows_layout"), py::arg("row_temperature") = py::none());
 
   m.def("in_process_forward", &in_process_forward, py::kw_only(), py::arg("op"), py::arg("dtype"),
         py::arg("shards"), py::arg("contracts"), py::arg("targets"), py::arg("deterministic"),

@@ -1,0 +1,68 @@
+"""Per-token temperatures from Python: temperature= a tensor of the targets' shape on
+vocab_parallel_logprobs. Each token gets the bits of the scalar call with its own temperature
+(logp, entropy and the logits gradient), through N-D logits and the causal shift's strided
+view (the temperature travels with its token); bad tensors and values raise
+LogprobContractError naming the temperature."""
+
+import pytest
+import torch
+
+from detlogp import LogprobContractError
+from detlogp.torch import vocab_parallel_logprobs
+
+REAL, PADDED, W = 1000, 1024, 64
+TEMPS = (0.7, 1.0, 1.9)
+
+
+def run(logits, targets, temperature, softcap):
+    x = logits.detach().clone().requires_grad_(True)
+    logp, ent = vocab_parallel_logprobs(x, targets, real_vocab=REAL, temperature=temperature,
+                                        entropy=True, tile_width=W, softcap=softcap)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+    return logp.detach(), ent.detach(), x.grad
+
+
+def bits(t):
+    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [None, 8.0])
+@pytest.mark.parametrize("shift", [False, True])
+def test_each_token_equals_the_scalar_call_with_its_temperature(dtype, softcap, shift):
+    gen = torch.Generator().manual_seed(7)
+    full = (torch.randn(3, 6, PADDED, generator=gen) * 10).to(dtype)
+    targets = torch.randint(0, REAL, (3, 6), generator=gen)
+    logits = full[:, :-1] if shift else full  # the causal shift: rows with holes
+    targets = targets[:, 1:] if shift else targets
+    temps = torch.tensor(TEMPS)[torch.randint(0, len(TEMPS), targets.shape, generator=gen)]
+    logp, ent, grad = run(logits, targets, temps, softcap)
+    for tau in TEMPS:
+        s_logp, s_ent, s_grad = run(logits, targets, tau, softcap)
+        rows = temps == tau
+        assert rows.any()
+        assert torch.equal(bits(logp[rows]), bits(s_logp[rows]))
+        assert torch.equal(bits(ent[rows]), bits(s_ent[rows]))
+        assert torch.equal(bits(grad[rows][:, :REAL]), bits(s_grad[rows][:, :REAL]))
+    # The temperatures matter: not the call at temperature 1.
+    assert not torch.equal(bits(logp), bits(run(logits, targets, 1.0, softcap)[0]))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+def test_bad_values_raise_naming_the_temperature(bad):
+    x = torch.randn(4, PADDED)
+    t = torch.randint(0, REAL, (4,))
+    temps = torch.tensor([1.0, 0.5, bad, 2.0])
+    with pytest.raises(LogprobContractError) as info:
+        vocab_parallel_logprobs(x, t, real_vocab=REAL, temperature=temps, tile_width=W)
+    assert info.value.field == "temperature"
+    assert "temperature of row 2" in str(info.value)
+
+
+def test_bad_tensors_raise():
+    x = torch.randn(4, PADDED)
+    t = torch.randint(0, REAL, (4,))
+    with pytest.raises(LogprobContractError, match="targets' shape"):
+        vocab_parallel_logprobs(x, t, real_vocab=REAL, temperature=torch.ones(5))
+    with pytest.raises(LogprobContractError, match="floating-point tensor"):
+        vocab_parallel_logprobs(x, t, real_vocab=REAL, temperature=torch.ones(4, dtype=torch.int64))
