@@ -93,6 +93,19 @@ def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_
         temperature=temperature, softcap=softcap, **kwargs)
 
 
+def _token_temperature(temperature, tokens):
+    """Per-token temperatures (a tensor or array of [tokens] floats) as a float32 NumPy array;
+    its values are checked by the operator on every rank."""
+    t = temperature.detach().cpu().numpy() if is_tensor(temperature) else temperature
+    if t.dtype.kind != "f":
+        raise LogprobContractError(
+            f"temperature must be a number or floating-point values; got dtype {t.dtype}")
+    if t.shape != (tokens,):
+        raise LogprobContractError(
+            f"a per-token temperature must have the targets' shape ({tokens},); got {t.shape}")
+    return np.ascontiguousarray(t, dtype=np.float32)
+
+
 def _outputs(handle, convert):
     outs = [convert(handle.logp), convert(handle.lse)]
     if handle.entropy is not None:
@@ -107,8 +120,10 @@ class _FusedCall:
 
     constant_outputs = ()
 
-    def __init__(self, op, hv, wv, targets, contract, comm, entropy, validate, threads):
+    def __init__(self, op, hv, wv, targets, contract, comm, entropy, validate, threads,
+                 row_temperature=None):
         self.op, self.hv, self.wv, self.targets = op, hv, wv, targets
+        self.row_temperature = row_temperature  # float32 [tokens] or None: the contract's
         self.contract, self.comm = contract, comm
         self.entropy, self.validate, self.threads = entropy, validate, threads
         self.handle = self.stamps = None
@@ -118,7 +133,8 @@ class _FusedCall:
         return run_exclusive(self.comm, lambda: _detlogp.fused_forward(
             op=self.op, hidden=self.hv, weight=self.wv, owners=(hidden, weight),
             targets=self.targets, contract=self.contract._cpp, comm=self.comm,
-            entropy=self.entropy, validate=self.validate, threads=self.threads))
+            entropy=self.entropy, validate=self.validate, threads=self.threads,
+            row_temperature=self.row_temperature))
 
     def forward(self, inputs):
         hidden, weight = inputs
@@ -193,7 +209,9 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     marks the padding rows, and tokens whose target is ``ignore_index`` are inactive. With
     ``contract``, its sharding, mask, temperature, softcap and tile width are used as given.
     ``softcap`` (None: no cap; only without ``contract``): scores use
-    ``softcap * tanh(logits / softcap) / temperature``.
+    ``softcap * tanh(logits / softcap) / temperature``. ``temperature``: a number, or a tensor or
+    array of one float per token (finite, > 0; the contract's temperature must then be 1): a
+    token gets the bits of a call whose temperature is its own.
 
     Torch tensors that require grad get autograd: ``hidden.grad`` (the full gradient, already
     summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
@@ -231,6 +249,9 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
         wv = _view(weight, "weight")
         _check_mixed_grad(hidden, weight)
         tg = int64_targets(targets)
+        row_temperature = None
+        if is_tensor(temperature) or isinstance(temperature, np.ndarray):
+            row_temperature, temperature = _token_temperature(temperature, len(tg)), 1.0
         no_tokens = hv[2] == 0 and len(tg) == 0 and contract is None
         if contract is None:
             comm = None if group is None else communicator_for(group, 2)
@@ -249,7 +270,8 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
             op = _detlogp.get_fused_linear_logprob_op(contract._cpp, kernel)
     if no_tokens:
         return _no_tokens(hidden, weight, comm, entropy)
-    call = _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads)
+    call = _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads,
+                      row_temperature)
     torch = torch_module() if is_tensor(hidden) else None
     if (torch is not None and torch.is_grad_enabled()
             and (hidden.requires_grad or (is_tensor(weight) and weight.requires_grad))):

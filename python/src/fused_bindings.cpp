@@ -63,7 +63,11 @@ std::shared_ptr<FusedHandle> fused_forward(const FusedDispatch& dispatch, const 
                                            const I64Array& targets,
                                            const detlogp::LogprobContract& contract,
                                            const std::shared_ptr<detlogp::Communicator>& comm,
-                                           bool entropy, bool validate, int threads) {
+                                           bool entropy, bool validate, int threads,
+                                           const std::optional<F32Array>& row_temperature) {
+  if (row_temperature && row_temperature->ndim() != 1) {
+    throw detlogp::ContractError("row_temperature must be 1-D [tokens]");
+  }
   auto h = std::make_shared<FusedHandle>();
   h->op = dispatch.result.op;
   h->owners = std::move(owners);
@@ -74,9 +78,11 @@ std::shared_ptr<FusedHandle> fused_forward(const FusedDispatch& dispatch, const 
   const std::span<const int64_t> tg = span_of(targets);
   py::gil_scoped_release nogil;
   with_comm(comm, [&](detlogp::Communicator& c) {
-    h->result =
-        h->op->forward(hv, wv, tg, contract, c,
-                       {.validate = validate, .entropy = entropy, .exec = {.threads = threads}});
+    h->result = h->op->forward(hv, wv, tg, contract, c,
+                               {.validate = validate,
+                                .entropy = entropy,
+                                .exec = {.threads = threads},
+                                .row_temperature = span_of(row_temperature)});
   });
   return h;
 }
@@ -133,7 +139,8 @@ void bind_fused(py::module_& m) {
            py::arg("grad_entropy"), py::arg("grad_hidden"), py::arg("grad_weight"));
   m.def("fused_forward", &fused_forward, py::kw_only(), py::arg("op"), py::arg("hidden"),
         py::arg("weight"), py::arg("owners"), py::arg("targets"), py::arg("contract"),
-        py::arg("comm"), py::arg("entropy"), py::arg("validate"), py::arg("threads"));
+        py::arg("comm"), py::arg("entropy"), py::arg("validate"), py::arg("threads"),
+        py::arg("row_temperature") = py::none());
   m.def("linear_logits", &linear_logits, py::kw_only(), py::arg("hidden"), py::arg("weight"),
         py::arg("out"), py::arg("threads"), py::arg("kernel"));
   m.def("fused_kernel_names", &detlogp::fused_kernel_names);

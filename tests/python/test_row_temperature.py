@@ -1,14 +1,14 @@
 """Per-token temperatures from Python: temperature= a tensor of the targets' shape on
-vocab_parallel_logprobs. Each token gets the bits of the scalar call with its own temperature
-(logp, entropy and the logits gradient), through N-D logits and the causal shift's strided
-view (the temperature travels with its token); bad tensors and values raise
+vocab_parallel_logprobs and fused_linear_logprobs. Each token gets the bits of the scalar call
+with its own temperature (logp, entropy and the gradients), through N-D logits and the causal
+shift's strided view (the temperature travels with its token); bad tensors and values raise
 LogprobContractError naming the temperature."""
 
 import pytest
 import torch
 
 from detlogp import LogprobContractError
-from detlogp.torch import vocab_parallel_logprobs
+from detlogp.torch import fused_linear_logprobs, vocab_parallel_logprobs
 
 REAL, PADDED, W = 1000, 1024, 64
 TEMPS = (0.7, 1.0, 1.9)
@@ -66,3 +66,32 @@ def test_bad_tensors_raise():
         vocab_parallel_logprobs(x, t, real_vocab=REAL, temperature=torch.ones(5))
     with pytest.raises(LogprobContractError, match="floating-point tensor"):
         vocab_parallel_logprobs(x, t, real_vocab=REAL, temperature=torch.ones(4, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_fused_each_token_equals_the_scalar_call_with_its_temperature(softcap):
+    gen = torch.Generator().manual_seed(11)
+    hidden = torch.randn(9, 16, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(PADDED, 16, generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, REAL, (9,), generator=gen)
+    temps = torch.tensor(TEMPS)[torch.arange(9) % len(TEMPS)]
+
+    def fused(temperature):
+        h = hidden.clone().requires_grad_(True)
+        logp, lse, ent = fused_linear_logprobs(h, weight, targets, real_vocab=REAL,
+                                               entropy=True, temperature=temperature,
+                                               tile_width=W, softcap=softcap)
+        (logp.sum() + lse.sum() + ent.sum()).backward()
+        return logp.detach(), lse.detach(), ent.detach(), h.grad
+
+    got = fused(temps)
+    for tau in TEMPS:
+        want = fused(tau)
+        rows = temps == tau
+        for g, w in zip(got, want):
+            assert torch.equal(bits(g[rows]), bits(w[rows]))
+    # A NumPy array of temperatures is the same call.
+    assert torch.equal(bits(fused(temps.numpy())[0]), bits(got[0]))
+    with pytest.raises(LogprobContractError) as info:
+        fused(torch.tensor([1.0] * 8 + [float("nan")]))
+    assert info.value.field == "temperature"
