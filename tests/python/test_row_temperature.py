@@ -28,13 +28,17 @@ def bits(t):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("softcap", [None, 8.0])
-@pytest.mark.parametrize("shift", [False, True])
-def test_each_token_equals_the_scalar_call_with_its_temperature(dtype, softcap, shift):
+@pytest.mark.parametrize("view", ["contiguous", "shift", "transposed"])
+def test_each_token_equals_the_scalar_call_with_its_temperature(dtype, softcap, view):
     gen = torch.Generator().manual_seed(7)
     full = (torch.randn(3, 6, PADDED, generator=gen) * 10).to(dtype)
     targets = torch.randint(0, REAL, (3, 6), generator=gen)
-    logits = full[:, :-1] if shift else full  # the causal shift: rows with holes
-    targets = targets[:, 1:] if shift else targets
+    if view == "shift":  # the causal shift: rows with holes
+        logits, targets = full[:, :-1], targets[:, 1:]
+    elif view == "transposed":  # [b, s] read from Megatron's [s, b] buffer
+        logits = full.transpose(0, 1).contiguous().transpose(0, 1)
+    else:
+        logits = full
     temps = torch.tensor(TEMPS)[torch.randint(0, len(TEMPS), targets.shape, generator=gen)]
     logp, ent, grad = run(logits, targets, temps, softcap)
     for tau in TEMPS:
