@@ -168,6 +168,8 @@ def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mas
         sharded.check_local()
         targets = _local_of(targets, sharded, "targets")
         loss_mask = _local_of(loss_mask, sharded, "loss_mask")
+        if is_dtensor(kwargs.get("temperature")):  # per-token temperatures travel as targets do
+            kwargs["temperature"] = _local_of(kwargs["temperature"], sharded, "temperature")
     with _from_the_mesh(sharded, "logits"):
         out = fn(sharded.local, targets, group=sharded.comm, vocab_start=list(sharded.bounds),
                  loss_mask=loss_mask, **kwargs)

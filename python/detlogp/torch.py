@@ -404,7 +404,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
             loss_mask=loss_mask, real_vocab=real_vocab, ignore_index=ignore_index,
             temperature=temperature, entropy=entropy, deterministic=deterministic,
             threads=threads, tile_width=tile_width, entropy_grad=entropy_grad,
-            return_contract=return_contract, cache=cache)
+            return_contract=return_contract, cache=cache, softcap=softcap)
     cache = DEFAULT_CACHE if cache is None else cache
     group = resolve_group(group, "vocab_parallel_logprobs")
     comm = cache.communicator(group)

@@ -115,6 +115,19 @@ def _logprobs(mesh, topology, dtype, targets_as_dtensor, sub_mesh=False):
         verl = logprobs_from_logits(dt, tgt, real_vocab=real)
     out.update(cross_entropy=ce.to_local(), unmasked_logp=unmasked.to_local(),
                verl_tp=verl_tp.to_local(), verl=verl.to_local())
+
+    # Softcap and per-token temperatures reach the plain call (temperatures laid out as the
+    # targets: a DTensor with the outputs' placements, or this rank's plain tensor).
+    temps = 0.5 + torch.arange(ids.numel(), dtype=torch.float32).reshape(ids.shape) % 7 / 4
+    temp = distribute_tensor(temps, mesh, token_pl) if targets_as_dtensor else temps[rows]
+    with torch.no_grad():
+        capped = vocab_parallel_logprobs(dt, tgt, real_vocab=real, softcap=2.0,
+                                         temperature=temp)
+        plain_capped = vocab_parallel_logprobs(local.detach(), ids[rows],
+                                               group=mesh.get_group(tp_dim), vocab_start=bounds,
+                                               real_vocab=real, softcap=2.0,
+                                               temperature=temps[rows])
+    out.update(capped=capped.to_local(), plain_capped=plain_capped)
     return out
 
 

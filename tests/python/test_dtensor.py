@@ -55,6 +55,9 @@ def test_dtensor_logits_bitwise_equal_to_plain_call_and_tp1(topology, dtype, cas
         assert_bitwise(got["cross_entropy"], -got["unmasked_logp"], f"cross entropy, {what}")
         assert_bitwise(got["verl_tp"], got["unmasked_logp"], f"verl TP drop-in, {what}")
         assert_bitwise(got["verl"], got["unmasked_logp"], f"verl drop-in, {what}")
+        # softcap= and per-token temperature= reach the plain call, and change the result.
+        assert_bitwise(got["capped"], got["plain_capped"], f"softcap + temperature, {what}")
+        assert not torch.equal(got["capped"], got["unmasked_logp"]), what
         # DTensors out, Replicate on the TP dim; the gradient keeps the input's placements.
         assert got["outputs"] == ["DTensor", "DTensor"] and got["grad_type"] == "DTensor"
         want = ["Shard(dim=0)", "Replicate()"] if two_d else ["Replicate()"]
