@@ -9,7 +9,11 @@
 #                   the exhaustive check of the CUDA exp), then the unit tests built and run
 #                   under ASan+UBSan
 # Missing Debian packages are installed when run as root; otherwise scripts/install-deps.sh
-# lists them and stops. `make bench` runs the benchmarks reported in docs/benchmarks.md.
+# lists them and stops. make test, make test-long and make bench run Python (the package's
+# tests, the command line's tests, the PyTorch comparisons) in the venv of
+# python/requirements/test.txt (torch from PyPI): scripts/python-env.sh creates it on first use
+# in ~/.cache/detlogp and reuses it after that, fresh clones included. make run needs no Python.
+# `make bench` runs the benchmarks reported in docs/benchmarks.md.
 
 JOBS        ?= 2
 BUILD       ?= build
@@ -24,7 +28,19 @@ RUN_OPTIONS  = -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_BUILD_TESTS=OFF -DDETLOGP_BUIL
 FULL_OPTIONS = -DDETLOGP_BUILD_TOOLS=ON -DDETLOGP_BUILD_TESTS=ON -DDETLOGP_BUILD_BENCH=OFF \
                -DDETLOGP_BUILD_PYTHON=ON -DDETLOGP_WITH_MPI=ON -DDETLOGP_WITH_CUDA=AUTO
 
-.PHONY: all deps deps-run build build-cli build-asan run test test-long bench format clean
+# The test venv's python (printed by scripts/python-env.sh, which creates the venv when needed)
+# is the interpreter the extension is built for, the one ctest's pytest entries run, and the
+# source of pybind11's CMake files (Debian's pybind11 2.10 cannot read NumPy 2's arrays).
+# DETLOGP_PYTHON_INSTALL_DIR is unset so that CMake derives it again from that interpreter.
+PYTHON_ENV   = bash scripts/python-env.sh
+define configure_full
+py=$$($(PYTHON_ENV)) && pybind11_dir=$$("$$py" -m pybind11 --cmakedir) && \
+cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(FULL_OPTIONS) $(1) \
+  -DDETLOGP_PYTHON_EXECUTABLE="$$py" -DDETLOGP_CLI_TEST_PYTHON="$$py" \
+  -Dpybind11_DIR="$$pybind11_dir" -UDETLOGP_PYTHON_INSTALL_DIR $(CMAKE_FLAGS) >/dev/null
+endef
+
+.PHONY: all deps deps-run python-env build build-cli build-asan run test test-long bench format clean
 
 all: build
 
@@ -34,9 +50,13 @@ deps:
 deps-run:
 	@bash scripts/install-deps.sh run
 
+# Creates or checks the test venv alone; prints its python.
+python-env: deps
+	@$(PYTHON_ENV)
+
 # The full build of make test.
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(FULL_OPTIONS) $(CMAKE_FLAGS) >/dev/null
+	@$(call configure_full)
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # The command line alone. A build tree that already exists keeps its options (after
@@ -67,10 +87,9 @@ test-long: build build-asan
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -j 1 -L unit
 
 bench: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(FULL_OPTIONS) -DDETLOGP_BUILD_BENCH=ON \
-	  $(CMAKE_FLAGS) >/dev/null
+	@$(call configure_full,-DDETLOGP_BUILD_BENCH=ON)
 	@cmake --build $(BUILD) -j $(JOBS)
-	@bash bench/run.sh $(BUILD)
+	@DETLOGP_BENCH_PYTHON="$$($(PYTHON_ENV))" bash bench/run.sh $(BUILD)
 
 format:
 	@git ls-files '*.cpp' '*.hpp' '*.h' '*.cc' | xargs clang-format -i

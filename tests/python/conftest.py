@@ -1,5 +1,6 @@
 """Shared helpers of the detlogp Python tests (run by `make test` as the ctest entry
-python_pytest, under /usr/bin/python3 with PYTHONPATH=<build>/python)."""
+python_pytest, with PYTHONPATH=<build>/python, under the interpreter the package is built for:
+for `make test`, the venv of python/requirements/test.txt, made by scripts/python-env.sh)."""
 
 import os
 import pathlib
