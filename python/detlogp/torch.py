@@ -17,6 +17,10 @@ This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolut
 import numpy as np
 import torch
 
+from detlogp import _torch_version
+
+_torch_version.check(torch)  # before the modules below use torch's newer API
+
 from detlogp import _autograd, _detlogp, _dtensor
 from detlogp._buffers import kernel_threads, platform_of, tensor_view
 from detlogp._call import LogitsCall, join_without_tokens
