@@ -5,6 +5,8 @@
 # When every package is present, nothing else happens: no apt-get, no root needed. When some
 # are missing and this is not root, it names them and stops (exit 1) without touching apt.
 # DETLOGP_SKIP_DEPS=1 skips the check (another distribution, packages from elsewhere).
+# Python packages (torch, numpy, pytest, ...) are not Debian's: the tests run in a venv made
+# from python/requirements/test.txt by scripts/python-env.sh (docs/install.md).
 set -euo pipefail
 
 profile=${1:-all}
@@ -22,8 +24,9 @@ ALL_PACKAGES=(
   libopenmpi-dev openmpi-bin      # MPI transport
   libgtest-dev libbenchmark-dev   # tests and benchmarks
   libopenblas-dev                 # bench_fused's sgemm baseline (benchmark only)
-  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest  # Python package
-  python3-pip python3-setuptools python3-wheel python3-venv            # pip install test
+  pybind11-dev python3-dev                                # Python package (headers, CMake files)
+  python3-venv                                            # the test venv (scripts/python-env.sh)
+  python3-pip python3-setuptools python3-wheel            # pip install test
   clang libclang-rt-14-dev        # libFuzzer targets
 )
 
