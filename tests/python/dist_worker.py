@@ -129,4 +129,4 @@ def main(rank, world, init_file, data_file, out_dir, tests_dir):
     from spawn import gloo_rank
 
     gloo_rank(rank, world, init_file, out_dir,
-              lambda: _scenarios(rank, world, torch.load(data_file)))
+              lambda: _scenarios(rank, world, torch.load(data_file, weights_only=False)))
