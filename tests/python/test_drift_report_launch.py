@@ -358,8 +358,10 @@ def _run_topology_in_child(setup, call="dr.run_topology(case)"):
 
 def test_the_group_is_destroyed_when_init_fails_after_making_it(tmp_path):
     # init_process_group makes the default group, then waits in a store barrier for every
-    # rank; that barrier failing (a peer that died, a timeout) leaves the group behind.
+    # rank; that barrier failing (a peer that died, a timeout) leaves the group behind. Since
+    # torch 2.1 the barrier runs only with TORCH_DIST_INIT_BARRIER=1 (which users set).
     out = _run_topology_in_child(
+        "import os; os.environ['TORCH_DIST_INIT_BARRIER'] = '1'\n"
         "import torch.distributed as dist, torch.distributed.distributed_c10d as c10d\n"
         "def barrier(*a, **k):\n"
         "    assert dist.is_initialized()  # the group exists by now\n"
