@@ -118,6 +118,10 @@ def int64_targets(t):
         torch = sys.modules["torch"]
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise LogprobContractError(f"target_ids must hold integers; got dtype {t.dtype}")
+        if t.layout != torch.strided:  # sparse: what torch raises on it depends on its version
+            raise LogprobContractError(
+                f"target_ids must be a strided (dense) tensor; got {t.layout}: pass "
+                f"target_ids.to_dense()")
         if t.dim() != 1:
             raise LogprobContractError(
                 f"target_ids must be 1-D with one entry per token; got shape {tuple(t.shape)}")
