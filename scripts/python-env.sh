@@ -4,15 +4,19 @@
 #
 #   scripts/python-env.sh [REQUIREMENTS=python/requirements/test.txt]
 #
+# With the default requirements, the pinned peers of test_peers.py (python/requirements/
+# peers.txt: the real Megatron and verl) are installed too, apart, into <venv>/peers, without
+# their dependencies (how and why: that file's header, docs/python.md).
+#
 # Prints the venv's python (the only line on stdout; pip's progress goes to stderr), e.g.
 #   py=$(bash scripts/python-env.sh) && "$py" -m pytest ...
 #
 # The venv lives in $DETLOGP_VENV_CACHE/venv-<key> (default ~/.cache/detlogp/venv-<key>, outside
-# the checkout, so that fresh clones share it). <key> is a hash of the requirements file, the base
+# the checkout, so that fresh clones share it). <key> is a hash of the requirements files, the base
 # interpreter (path and full version) and this script's layout version: editing the
-# requirements or upgrading Python makes a new venv, never patches an old one. pip's download
-# cache (~/.cache/pip, or PIP_CACHE_DIR) is used as usual, so a new venv downloads only what
-# changed.
+# requirements or upgrading Python makes a new venv, never patches an old one. pip's cache
+# (~/.cache/pip) stays on; the wheels are also kept in $DETLOGP_VENV_CACHE/wheels (below), so a
+# new venv downloads only what changed.
 #
 # A venv counts as complete only once the marker file .detlogp-complete is in it, written last,
 # after pip install and pip check succeeded: a run that was interrupted or failed leaves no
@@ -25,9 +29,15 @@
 # Env: DETLOGP_PYTHON_BASE (base interpreter, default /usr/bin/python3: Debian's python3 with
 # python3-venv), DETLOGP_VENV_CACHE, DETLOGP_VENV_KEEP_DAYS.
 set -euo pipefail
-
+# The whole script is one block, read before it runs: editing or checking out this file while
+# a run installs (minutes) cannot change what that run does next.
+{
 root=$(cd "$(dirname "$0")/.." && pwd)
 req=${1:-$root/python/requirements/test.txt}
+peers=
+if [ $# -eq 0 ] && [ -f "$root/python/requirements/peers.txt" ]; then
+  peers=$root/python/requirements/peers.txt
+fi
 base=${DETLOGP_PYTHON_BASE:-/usr/bin/python3}
 cache=${DETLOGP_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/detlogp}
 keep_days=${DETLOGP_VENV_KEEP_DAYS:-14}
@@ -40,7 +50,8 @@ if ! base_id=$("$base" -c 'import os, platform, sys; print(os.path.realpath(sys.
   say "cannot run the base interpreter $base (set DETLOGP_PYTHON_BASE)"
   exit 2
 fi
-key=$({ printf 'layout %s\n%s\n' "$layout" "$base_id"; cat "$req"; } | sha256sum | cut -c1-16)
+key=$({ printf 'layout %s\n%s\n' "$layout" "$base_id"; cat "$req" ${peers:+"$peers"}; } |
+  sha256sum | cut -c1-16)
 venv=$cache/venv-$key
 wheels=$cache/wheels
 marker=$venv/.detlogp-complete
@@ -100,9 +111,16 @@ pip=("$vpy" -m pip --disable-pip-version-check --no-input)
 "${pip[@]}" download --dest "$wheels" -r "$req" >&2
 "${pip[@]}" install --require-virtualenv --no-index --find-links "$wheels" -r "$req" >&2
 "${pip[@]}" check >&2
+if [ -n "$peers" ]; then
+  apart=(--no-deps --ignore-requires-python)
+  "${pip[@]}" download "${apart[@]}" --dest "$wheels" -r "$peers" >&2
+  "${pip[@]}" install "${apart[@]}" --no-index --find-links "$wheels" --target "$venv/peers" \
+    -r "$peers" >&2
+fi
 "${pip[@]}" freeze --all >"$venv/.detlogp-freeze"
 trap - ERR
 printf '%s\n' "$key" >"$marker.tmp"
 mv "$marker.tmp" "$marker"
 say "ready: $venv"
 finish
+}
