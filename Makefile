@@ -40,7 +40,8 @@ cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(FULL_OPTIONS) $(1) \
   -Dpybind11_DIR="$$pybind11_dir" -UDETLOGP_PYTHON_INSTALL_DIR $(CMAKE_FLAGS) >/dev/null
 endef
 
-.PHONY: all deps deps-run python-env build build-cli build-asan run test test-long bench format clean
+.PHONY: all deps deps-run python-env build build-cli build-asan run test test-long bench format \
+        clean
 
 all: build
 

@@ -46,7 +46,9 @@ layout=1 # bump when the way the venv is made changes
 say() { echo "python-env: $*" >&2; }
 
 [ -f "$req" ] || { say "no requirements file $req"; exit 2; }
-if ! base_id=$("$base" -c 'import os, platform, sys; print(os.path.realpath(sys.executable), platform.machine(), sys.version)' 2>/dev/null); then
+describe='import os, platform, sys
+print(os.path.realpath(sys.executable), platform.machine(), sys.version)'
+if ! base_id=$("$base" -c "$describe" 2>/dev/null); then
   say "cannot run the base interpreter $base (set DETLOGP_PYTHON_BASE)"
   exit 2
 fi
