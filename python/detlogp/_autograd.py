@@ -1,6 +1,8 @@
-"""The one autograd Function of the package: every differentiable call (the logits op's object
-API, ``detlogp.torch``, the fused lm_head) is a prepared call object that knows its own forward
-and backward; this Function only connects it to autograd.
+"""The autograd Function of the object API (``LogprobOp``, _op.py): a prepared call object that
+knows its own forward and backward; this Function only connects it to autograd. ``detlogp.torch``
+and the fused lm_head connect the same kind of call object (same ``forward``, ``backward`` and
+``constant_outputs``) through their torch.library custom ops instead (_ops.py), which
+``torch.compile`` can hold in a graph.
 
 A call object has ``forward(inputs)`` (the outputs, a tuple of tensors), ``constant_outputs``
 (indices of outputs without a gradient, e.g. an entropy logged as a metric) and

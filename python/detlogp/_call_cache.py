@@ -33,6 +33,7 @@ from ._checks import check_int
 from ._comm import Communicator, TorchDistributedComm
 from ._contract import LogprobContract, MaskSpec
 from ._detlogp import LogprobContractError
+from ._names import name_of
 
 
 def mask_digest(active_bytes):
@@ -96,6 +97,7 @@ class CallCache:
         self._min_pooled = min_pooled_bytes
         self._grads = []  # owners (NumPy byte arrays) of pooled gradient buffers
         self.stats = collections.Counter()  # contract_hits/misses, grad_reuses/allocs
+        self.op_name = name_of(self, "cache")  # how a custom op's argument names it (_ops.py)
 
     def clear(self):
         with self._lock:

@@ -16,11 +16,12 @@ import numpy as np
 from . import _detlogp, _dtensor
 from ._buffers import grad_array, int64_targets, is_tensor, kernel_threads, raw_view, torch_module
 from ._call import join_without_tokens, run_exclusive
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_int, check_optional_int
 from ._comm import communicator_for, exclusive, peers_fail_on_error
-from ._contract import LogprobContract, MaskSpec, ShardingSpec
+from ._contract import LogprobContract, MaskSpec, ShardingSpec, _softcap, _temperature
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
+from ._names import name_of, named
 from ._storage import check_stamp, stamp
 
 __all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
@@ -115,8 +116,9 @@ def _outputs(handle, convert):
 
 class _FusedCall:
     """One call of the fused op, prepared once: the op the registry handed out for the contract,
-    the views and the options. ``run`` is its forward; as a call of _autograd.py it maps
-    (hidden, weight) -> (logp, lse[, entropy]) and backward runs the C++ fused backward."""
+    the views and the options. ``run`` is its forward; as the call of the custom op
+    ``detlogp::fused_linear_logprobs`` (_ops.py) it maps (hidden, weight) -> (logp, lse[,
+    entropy]) and backward runs the C++ fused backward."""
 
     constant_outputs = ()
 
@@ -159,29 +161,13 @@ class _FusedCall:
         return gh, gw
 
 
-def _no_tokens(hidden, weight, comm, entropy):
-    """The outputs of a call without tokens, once every rank agreed that none has any: empty
-    fp32 outputs; for tensors that require grad, attached to autograd with zero gradients."""
-    join_without_tokens(comm)
-    n = 3 if entropy else 2
-    if not is_tensor(hidden):
-        return tuple(np.zeros(0, dtype=np.float32) for _ in range(n))
-    torch = torch_module()
-    w = weight if is_tensor(weight) else None
-    if torch.is_grad_enabled() and (hidden.requires_grad or (w is not None and w.requires_grad)):
-        from . import _autograd  # torch is imported: a tensor requires grad
-
-        return _autograd.apply(_NoTokensCall(hidden, w, n), hidden, w)
-    return tuple(torch.zeros(0, dtype=torch.float32) for _ in range(n))
-
-
 class _NoTokensCall:
     """(hidden [0, H], weight) -> empty outputs; backward: zero gradients."""
 
     constant_outputs = ()
 
     def __init__(self, hidden, weight, n):
-        self.specs = [None if t is None else (t.shape, t.dtype) for t in (hidden, weight)]
+        self.specs = [(t.shape, t.dtype) if is_tensor(t) else None for t in (hidden, weight)]
         self.n = n
 
     def forward(self, inputs):
@@ -239,12 +225,67 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
     """``fused_linear_logprobs`` on plain tensors; ``bounds``: every rank's weight rows
     (default: even shards)."""
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
+    torch = torch_module()
+    if is_tensor(hidden) and is_tensor(weight):  # the op (detlogp/_ops.py): compilable
+        from . import _ops  # imports torch: here, torch is there
+
+        with peers_fail_on_error(group):
+            check_bool(entropy, "entropy")
+            check_bool(validate, "validate")
+            if contract is not None and not isinstance(contract, LogprobContract):
+                raise LogprobContractError("contract must be a LogprobContract")
+            if contract is not None and torch.compiler.is_compiling():
+                raise LogprobContractError(
+                    "contract= is not available under torch.compile: pass group=, "
+                    "real_vocab=, tile_width=, temperature=, softcap= and ignore_index= instead")
+            if not is_tensor(targets):
+                targets = torch.as_tensor(np.asarray(targets))
+            row_temperature = None  # one per token: an op input (the scalar is then 1)
+            if is_tensor(temperature) or isinstance(temperature, np.ndarray):
+                row_temperature = torch.as_tensor(temperature)
+            args = (_ops.group_name(group), check_optional_int(real_vocab, "real_vocab"),
+                    "" if contract is None else name_of(contract, "contract"), entropy,
+                    1.0 if row_temperature is not None else _temperature(temperature),
+                    check_optional_int(tile_width, "tile_width"),
+                    check_int(ignore_index, "ignore_index"), validate,
+                    check_optional_int(threads, "threads", "non-negative"), _kernel(kernel))
+            args += (None if bounds is None else
+                     [check_int(v, "bounds") for b in bounds for v in b], _softcap(softcap),
+                     row_temperature)
+        logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets, *args)
+        return (logp, lse, ent) if entropy else (logp, lse)
+    call = _prepare(hidden, weight, targets, group, real_vocab=real_vocab, contract=contract,
+                    entropy=entropy, temperature=temperature, tile_width=tile_width,
+                    ignore_index=ignore_index, validate=validate, threads=threads,
+                    kernel=kernel, bounds=bounds, softcap=softcap)
+    if isinstance(call, _NoTokensCall):
+        if not is_tensor(hidden):
+            return tuple(np.zeros(0, dtype=np.float32) for _ in range(call.n))
+        return call.forward(())
+    if is_tensor(hidden):
+        hidden = hidden.detach()
+    if is_tensor(weight):
+        weight = weight.detach()
+    return _outputs(call.run(hidden, weight), torch.from_numpy if is_tensor(hidden) else
+                    (lambda a: a))
+
+
+def _kernel(kernel):
+    if not isinstance(kernel, str):
+        raise LogprobContractError(f"kernel must be a string; got {type(kernel).__name__}")
+    return kernel
+
+
+def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, temperature,
+             tile_width, ignore_index, validate, threads, kernel, bounds=None, softcap=None):
+    """The call of ``fused_linear_logprobs`` over a resolved ``group``: a ``_FusedCall``, or a
+    ``_NoTokensCall`` once every rank agreed that none has tokens. ``bounds``: every rank's
+    weight rows (None: even shards)."""
     with peers_fail_on_error(group):
         check_bool(entropy, "entropy")
         check_bool(validate, "validate")
         threads = kernel_threads(threads, hidden)
-        if not isinstance(kernel, str):
-            raise LogprobContractError(f"kernel must be a string; got {type(kernel).__name__}")
+        _kernel(kernel)
         hv = _view(hidden, "hidden")
         wv = _view(weight, "weight")
         _check_mixed_grad(hidden, weight)
@@ -269,17 +310,23 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
             # The registry's fused op kind: the capability is checked, the provenance kept.
             op = _detlogp.get_fused_linear_logprob_op(contract._cpp, kernel)
     if no_tokens:
-        return _no_tokens(hidden, weight, comm, entropy)
-    call = _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads,
+        join_without_tokens(comm)
+        return _NoTokensCall(hidden, weight, 3 if entropy else 2)
+    return _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads,
                       row_temperature)
-    torch = torch_module() if is_tensor(hidden) else None
-    if (torch is not None and torch.is_grad_enabled()
-            and (hidden.requires_grad or (is_tensor(weight) and weight.requires_grad))):
-        from . import _autograd  # torch is imported: a tensor requires grad
 
-        return _autograd.apply(call, hidden, weight)
-    if torch is not None:
-        hidden = hidden.detach()
-        weight = weight.detach() if is_tensor(weight) else weight
-    return _outputs(call.run(hidden, weight), torch.from_numpy if torch is not None else
-                    (lambda a: a))
+
+def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temperature,
+             tile_width, ignore_index, validate, threads, kernel, vocab_bounds, softcap,
+             row_temperature):
+    """The implementation of the op ``detlogp::fused_linear_logprobs`` up to its forward."""
+    from . import _ops
+
+    bounds = None if vocab_bounds is None else list(zip(vocab_bounds[::2], vocab_bounds[1::2]))
+    if row_temperature is not None:  # one per token (the op's scalar is then 1)
+        temperature = row_temperature
+    return _prepare(hidden, weight, targets, _ops.group_of(group), real_vocab=real_vocab,
+                    contract=named(contract) if contract else None, entropy=entropy,
+                    temperature=temperature, tile_width=tile_width, ignore_index=ignore_index,
+                    validate=validate, threads=threads, kernel=kernel, bounds=bounds,
+                    softcap=softcap)

@@ -115,6 +115,23 @@ def cover_of(shape, strides, copy=False):
                  _layout_text(lead_shape, rows, row_steps))
 
 
+def logits_cover(shape, strides):
+    """The cover ``detlogp.torch`` first reads logits of this shape and these strides through:
+    an empty one when they hold no tokens, a copy when their vocab dim is not contiguous (a
+    transpose), else ``cover_of`` the caller's buffer."""
+    lead_shape, cols = tuple(shape[:-1]), shape[-1]
+    if math.prod(lead_shape) == 0:
+        return empty(lead_shape, cols)
+    return cover_of(tuple(shape), tuple(strides), copy=cols > 1 and strides[-1] != 1)
+
+
+def grad_strides(shape, strides):
+    """The strides of the logits' gradient ``detlogp.torch`` returns (the token view of the
+    [rows, cols] buffer backward fills): a function of the logits' shape and strides alone, so
+    that a compiler knows them before the op runs (detlogp/_ops.py)."""
+    return logits_cover(shape, strides).grad_strides
+
+
 def in_token_order(cover):
     """The cover of the same logits read with rows in token order: ``cover`` itself when its
     rows already are the tokens in order, else a copy (one contiguous copy of the logits)."""

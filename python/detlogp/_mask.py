@@ -12,7 +12,22 @@ import numpy as np
 
 from ._detlogp import LogprobContractError
 
-__all__ = ["active_from_mask"]
+__all__ = ["active_from_mask", "mask_array"]
+
+
+def mask_array(mask, field):
+    """A mask that is not a torch tensor as a contiguous NumPy array of bools, integers or
+    floats (nonzero = scored); anything else raises, naming ``field``."""
+    try:
+        a = np.asarray(mask)
+    except (TypeError, ValueError):
+        raise LogprobContractError(
+            f"{field} must be an array of bools, integers or floats (nonzero = scored); got "
+            f"{type(mask).__name__}") from None
+    if a.dtype.kind not in "biuf":
+        raise LogprobContractError(
+            f"{field} must hold bools, integers or floats (nonzero = scored); got dtype {a.dtype}")
+    return np.ascontiguousarray(a)
 
 
 def active_from_mask(mask, shape, field, expected):
@@ -30,15 +45,7 @@ def active_from_mask(mask, shape, field, expected):
             raise LogprobContractError(f"{field} must have {expected}; got {tuple(m.shape)}")
         m = m.reshape(-1).cpu()
         return (m if m.dtype == torch.bool else m != 0).contiguous()
-    try:
-        a = np.asarray(mask)
-    except (TypeError, ValueError):
-        raise LogprobContractError(
-            f"{field} must be an array of bools, integers or floats (nonzero = scored); got "
-            f"{type(mask).__name__}") from None
-    if a.dtype.kind not in "biuf":
-        raise LogprobContractError(
-            f"{field} must hold bools, integers or floats (nonzero = scored); got dtype {a.dtype}")
+    a = mask_array(mask, field)
     if a.shape != tuple(shape):
         raise LogprobContractError(f"{field} must have {expected}; got {a.shape}")
     return np.ascontiguousarray(a.reshape(-1) != 0)

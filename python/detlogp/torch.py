@@ -14,6 +14,8 @@ Megatron's ``vocab_parallel_cross_entropy`` and verl's ``logprobs_from_logits``,
 This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolute imports).
 """
 
+import threading
+
 import numpy as np
 import torch
 
@@ -21,11 +23,11 @@ from detlogp import _torch_version
 
 _torch_version.check(torch)  # before the modules below use torch's newer API
 
-from detlogp import _autograd, _detlogp, _dtensor
+from detlogp import _detlogp, _dtensor, _ops
 from detlogp._buffers import kernel_threads, platform_of, tensor_view
 from detlogp._call import LogitsCall, join_without_tokens
 from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
-from detlogp._checks import check_bool, check_int
+from detlogp._checks import check_bool, check_int, check_optional_int
 from detlogp._comm import peers_fail_on_error
 from detlogp._contract import (ReductionSpec, ShardingSpec, _softcap, _temperature,
                                megatron_padded_vocab)
@@ -33,8 +35,8 @@ from detlogp._detlogp import LogprobContractError
 from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._group import resolve_group
-from detlogp._layout import cover_of, cover_view, empty, from_rows, in_token_order, to_rows
-from detlogp._mask import active_from_mask
+from detlogp._layout import cover_view, from_rows, in_token_order, logits_cover, to_rows
+from detlogp._mask import active_from_mask, mask_array
 from detlogp._op import LogprobOp, get_logprob_op
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
@@ -50,7 +52,8 @@ _ONE_RANK = _detlogp.SelfComm()  # the group of calls that hold the whole vocabu
 class _Prepared:
     """One call of ``vocab_parallel_logprobs``, built before any collective: the inputs
     checked and converted once, the contract and dispatch (cached), the cover of the N-D logits
-    and the ``LogitsCall`` that reads it. As a call of _autograd.py it maps logits [...,
+    and the ``LogitsCall`` that reads it. As the call of the custom op
+    ``detlogp::vocab_parallel_logprobs`` (_ops.py) it maps logits [...,
     V_local] -> logp [...] (, entropy [...]); backward: the C++ backward into a (pooled)
     gradient buffer, returned as a view with the logits' shape."""
 
@@ -252,12 +255,11 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     # entropy_grad=False: the entropy is a logged metric, without a gradient.
     p.constant_outputs = (1,) if entropy and not entropy_grad else ()
     p.dtype, p.device = logits.dtype, logits.device
-    if flat_targets.numel() == 0:  # an empty micro-batch: empty outputs, nothing to read
-        p.cover, p.contract = empty(lead_shape, cols), None
-        return p
     # Not contiguous in the vocab dim (a transpose): only then are the logits copied.
-    cover = cover_of(tuple(logits.shape), logits.stride(),
-                     copy=cols > 1 and logits.stride(-1) != 1)
+    cover = logits_cover(tuple(logits.shape), logits.stride())
+    if cover.tokens == 0:  # an empty micro-batch: empty outputs, nothing to read
+        p.cover, p.contract = cover, None
+        return p
     _bind(p, cover)
     if cover.layout and tp > 1 and not isinstance(p.dispatch.op, LogprobOp):
         _bind(p, in_token_order(cover))  # a Python-defined backend cannot compare layouts
@@ -334,7 +336,7 @@ def _row_grad(g, cover):
     return to_rows(g.detach().reshape(-1).to(device="cpu", dtype=torch.float32), cover, 0.0)
 
 
-def _python_backend_outputs(dispatch, logits, prep, group, entropy, entropy_grad):
+def _python_backend_outputs(prep, logits, group, entropy, entropy_grad):
     """A backend defined in Python (docs/python.md, "Registering backends from Python") is
     called on the operator's 2-D view of the logits as ``forward(view, target_ids,
     contract=contract, group=group)`` (plus ``entropy=True`` when asked) and returns ``(logp,
@@ -349,6 +351,7 @@ def _python_backend_outputs(dispatch, logits, prep, group, entropy, entropy_grad
     kwargs = {"contract": prep.contract, "group": group}
     if entropy:
         kwargs["entropy"] = True
+    dispatch = prep.dispatch
     out = dispatch.op.forward(view, torch.from_numpy(prep.targets), **kwargs)
     want = 3 if entropy else 2
     if not (isinstance(out, (tuple, list)) and len(out) == want
@@ -409,28 +412,113 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
             temperature=temperature, entropy=entropy, deterministic=deterministic,
             threads=threads, tile_width=tile_width, entropy_grad=entropy_grad,
             return_contract=return_contract, cache=cache, softcap=softcap)
-    cache = DEFAULT_CACHE if cache is None else cache
     group = resolve_group(group, "vocab_parallel_logprobs")
-    comm = cache.communicator(group)
-    with peers_fail_on_error(comm):
+    return _logprobs(logits, targets, group, real_vocab=real_vocab, loss_mask=loss_mask,
+                     ignore_index=ignore_index, temperature=temperature, entropy=entropy,
+                     deterministic=deterministic, vocab_start=vocab_start, threads=threads,
+                     tile_width=tile_width, entropy_grad=entropy_grad,
+                     return_contract=return_contract, cache=cache, softcap=softcap)
+
+
+def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, temperature,
+              entropy, deterministic, vocab_start, threads, tile_width, entropy_grad,
+              return_contract, cache, softcap):
+    """``vocab_parallel_logprobs`` over a resolved ``group``: its arguments checked and put
+    in the op's schema types, then the op ``detlogp::vocab_parallel_logprobs`` (_ops.py), whose
+    implementation is ``_op_call``. This is what ``torch.compile`` traces."""
+    with peers_fail_on_error(group):
         check_bool(entropy, "entropy")
         check_bool(entropy_grad, "entropy_grad")
         check_bool(return_contract, "return_contract")
+        if not isinstance(logits, torch.Tensor):
+            raise LogprobContractError(
+                f"logits must be a torch.Tensor; got {type(logits).__name__}")
+        check_bool(deterministic, "deterministic")
+        if not isinstance(targets, torch.Tensor):
+            targets = torch.as_tensor(np.asarray(targets))
+        if loss_mask is not None and not isinstance(loss_mask, torch.Tensor):
+            loss_mask = torch.from_numpy(mask_array(loss_mask, "loss_mask"))
+        if cache is not None and not isinstance(cache, CallCache):
+            raise LogprobContractError(
+                f"cache must be a detlogp.torch.CallCache or None; got {type(cache).__name__}")
+        if isinstance(vocab_start, (list, tuple)):
+            bounds = [check_int(v, "vocab_start bound") for s, e in vocab_start for v in (s, e)]
+            vocab_start = None
+        else:
+            bounds = None
+            vocab_start = check_optional_int(vocab_start, "vocab_start", "non-negative")
+        args = (
+            _ops.group_name(group), check_optional_int(real_vocab, "real_vocab"),
+            check_optional_int(ignore_index, "ignore_index", "int"),
+            1.0 if isinstance(temperature, torch.Tensor) else _temperature(temperature),
+            entropy, deterministic, vocab_start, bounds,
+            check_optional_int(threads, "threads", "non-negative"),
+            check_optional_int(tile_width, "tile_width"), entropy_grad,
+            "" if cache is None else cache.op_name, _softcap(softcap),
+            temperature if isinstance(temperature, torch.Tensor) else None)
+    if torch.compiler.is_compiling():
+        if return_contract:
+            raise LogprobContractError(
+                "return_contract=True is not available under torch.compile: call "
+                "vocab_parallel_logprobs outside the compiled region for the contract")
+        logp, ent, _ = _ops.vocab_parallel_logprobs(logits, targets, loss_mask, *args)
+        contract = None
+    else:
+        try:
+            logp, ent, _ = _ops.vocab_parallel_logprobs(logits, targets, loss_mask, *args)
+        except _PythonDefined as defined:  # a backend defined in Python: its own autograd
+            outputs = _python_backend_outputs(defined.prep, logits, group, entropy,
+                                              entropy_grad)
+            logp, ent = outputs[0], outputs[-1]
+        contract = _LAST.contract
+    if entropy and not entropy_grad:
+        ent = ent.detach()  # a logged metric, without a gradient
+    outputs = (logp, ent) if entropy else (logp,)
+    if return_contract:
+        outputs = outputs + (contract,)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+class _PythonDefined(LogprobContractError):
+    """The op's call dispatched to a backend defined in Python: the eager caller runs it on the
+    logits themselves (``_python_backend_outputs``), attached to autograd by the backend; in a
+    torch.compile graph it cannot run (this error says so)."""
+
+    def __init__(self, prep):
+        super().__init__(
+            f"backend {prep.dispatch.actual_backend} is defined in Python: it cannot run inside "
+            "a torch.compile graph; call vocab_parallel_logprobs outside the compiled region")
+        self.prep = prep
+
+
+class _Last(threading.local):
+    contract = None
+
+
+_LAST = _Last()  # the contract of this thread's last call (return_contract=True)
+
+
+def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
+             deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad,
+             cache, softcap, row_temperature):
+    """The implementation of the op ``detlogp::vocab_parallel_logprobs`` up to its forward: the
+    ``_Prepared`` call (checked, converted, bound to its contract and dispatch)."""
+    cache = DEFAULT_CACHE if not cache else _ops.named(cache)
+    comm = cache.communicator(_ops.group_of(group))
+    if row_temperature is not None:  # one per token (the op's scalar is then 1)
+        temperature = row_temperature
+    if vocab_bounds is not None:
+        vocab_start = list(zip(vocab_bounds[::2], vocab_bounds[1::2]))
+    with peers_fail_on_error(comm):
         prep = _prepare(logits, targets, comm, cache, real_vocab=real_vocab,
                         loss_mask=loss_mask, ignore_index=ignore_index,
                         temperature=temperature, deterministic=deterministic,
                         vocab_start=vocab_start, threads=threads, tile_width=tile_width,
                         entropy=entropy, entropy_grad=entropy_grad, softcap=softcap)
-    if not prep.empty and prep.call is None:  # a backend defined in Python
-        outputs = _python_backend_outputs(prep.dispatch, logits, prep, group, entropy,
-                                          entropy_grad)
-    elif logits.requires_grad and torch.is_grad_enabled():
-        outputs = _autograd.apply(prep, logits)
-    else:
-        outputs = prep.outputs()
-    if return_contract:
-        outputs = tuple(outputs) + (prep.contract,)
-    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+    _LAST.contract = prep.contract
+    if not prep.empty and prep.call is None:
+        raise _PythonDefined(prep)
+    return prep
 
 
 # --- drop-ins ----------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""detlogp under torch.compile: a GRPO-style loss (logp + entropy + masked mean + backward)
+compiled with fullgraph=True and dynamic=True has no graph break, compiles once for three token
+counts, and gives bit for bit the eager outputs, loss and gradient, at TP=1 in this process and
+at TP=2 (and TP=1 with SelfComm) on two gloo ranks whose collectives run inside the op."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import compile_worker  # noqa: E402
+from helpers import assert_bitwise  # noqa: E402
+from spawn import run_workers  # noqa: E402
+
+TIMEOUT_S = 600
+
+
+def _check(result, where, backend, kind):
+    """No graph break, one compilation for the three token counts, and eager's bits: logp and
+    entropy always; the loss and the gradient where the compiled loss itself is eager's bit for
+    bit. The aot_eager backend runs the graph with torch's own kernels: everything is eager's.
+    Inductor generates its own code for the loss around the op (its masked mean sums in an
+    order of its own, and its backward may scale by a reciprocal): its loss and the gradients
+    it sends into the op may differ from eager's in the last bits, so there the GRPO loss and
+    gradient are only close. With the "linear" loss, whose backward sends the op exactly the
+    loss's weights, the gradient is eager's bit for bit under inductor too."""
+    assert result["recompile"] is None, f"{where}: {result['recompile']}"
+    assert result["graph_breaks"] == 0 and result["graphs"] == 1, (where, result)
+    assert [s["seq"] for s in result["steps"]] == list(compile_worker.TOKEN_COUNTS)
+    exact_loss = backend == "aot_eager"
+    exact_grad = backend == "aot_eager" or kind == "linear"
+    for step in result["steps"]:
+        what = f"{where}, {step['seq']} positions"
+        eager, compiled = step["eager"], step["compiled"]
+        for name in ("logp", "entropy") + (("loss",) if exact_loss else ()):
+            assert_bitwise(eager[name], compiled[name], f"{what}: {name}")
+        if kind == "linear":
+            assert_bitwise(eager["grad"], compiled["grad"], f"{what}: gradient")
+        elif exact_grad:
+            _check_grad(eager["grad"], compiled["grad"], step["unscored"], what)
+        for name in ("loss", "grad"):
+            torch.testing.assert_close(compiled[name], eager[name], rtol=1e-5, atol=1e-7,
+                                       msg=f"{what}: {name}")
+
+
+def _check_grad(eager, compiled, unscored, what):
+    """The logits' gradient of the GRPO loss, bit for bit, except the sign of a zero on the rows of unscored
+    tokens: their gradient is a zero whose sign follows the sign of the zero gradient that the
+    loss sends them (docs/numerics.md, "Backward"), and the compiled backward of the loss
+    (torch's, not detlogp's) may send +0 where eager sends -0."""
+    assert_bitwise(eager[:, -1], compiled[:, -1], f"{what}: gradient of the last position")
+    e, c = eager[:, :-1], compiled[:, :-1]
+    assert_bitwise(e[~unscored], c[~unscored], f"{what}: gradient of the scored tokens")
+    assert not e[unscored].any() and not c[unscored].any(), what
+    assert_bitwise(e[unscored] + 0.0, c[unscored] + 0.0, f"{what}: unscored tokens")
+
+
+@pytest.mark.parametrize("backend,kind", compile_worker.CASES)
+def test_compiled_grpo_loss_equals_eager_at_tp1(backend, kind):
+    _check(compile_worker.grpo_eager_and_compiled(None, 1, 0, backend, kind),
+           f"TP=1 {backend} {kind}", backend, kind)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_workers(compile_worker.main, tmp_path_factory.mktemp("compile"), 2, TIMEOUT_S)[0]
+
+
+def test_compiled_grpo_loss_equals_eager_at_tp2_over_gloo(ranks):
+    for r, res in enumerate(ranks):
+        for (tp, backend, kind), result in res.items():
+            _check(result, f"TP={tp} rank {r} {backend} {kind}", backend, kind)
+    # The TP degree never changes logp or the entropy: both ranks hold the TP=1 bits.
+    for r, res in enumerate(ranks):
+        for backend, kind in compile_worker.CASES:
+            for a, b in zip(res[(2, backend, kind)]["steps"], res[(1, backend, kind)]["steps"]):
+                for name in ("logp", "entropy"):
+                    assert_bitwise(a["compiled"][name], b["compiled"][name],
+                                   f"rank {r} {backend}: {name} at TP=2 and TP=1")
