@@ -21,7 +21,7 @@ from ._comm import communicator_for, exclusive, peers_fail_on_error
 from ._contract import LogprobContract, MaskSpec, ShardingSpec, _softcap, _temperature
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
-from ._names import name_of, named
+from ._names import lent, named
 from ._storage import check_stamp, stamp
 
 __all__ = ["fused_linear_logprobs", "linear_logits", "fused_kernel_names"]
@@ -32,11 +32,15 @@ def fused_kernel_names():
     return list(_detlogp.fused_kernel_names())
 
 
-def _view(x, name):
-    """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
+def _check_cpu(x, name):
     if is_tensor(x) and x.device.type != "cpu":
         raise LogprobContractError(
             f"{name} must be a CPU tensor (the fused lm_head runs on the CPU); got {x.device}")
+
+
+def _view(x, name):
+    """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
+    _check_cpu(x, name)
     return raw_view(x, name, shape="")
 
 
@@ -238,21 +242,30 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
                 raise LogprobContractError(
                     "contract= is not available under torch.compile: pass group=, "
                     "real_vocab=, tile_width=, temperature=, softcap= and ignore_index= instead")
+            _check_cpu(hidden, "hidden")
+            _check_cpu(weight, "weight")
             if not is_tensor(targets):
                 targets = torch.as_tensor(np.asarray(targets))
             row_temperature = None  # one per token: an op input (the scalar is then 1)
             if is_tensor(temperature) or isinstance(temperature, np.ndarray):
                 row_temperature = torch.as_tensor(temperature)
-            args = (_ops.group_name(group), check_optional_int(real_vocab, "real_vocab"),
-                    "" if contract is None else name_of(contract, "contract"), entropy,
-                    1.0 if row_temperature is not None else _temperature(temperature),
+            group_name = _ops.group_name(group)
+            rest = (entropy, 1.0 if row_temperature is not None else _temperature(temperature),
                     check_optional_int(tile_width, "tile_width"),
                     check_int(ignore_index, "ignore_index"), validate,
                     check_optional_int(threads, "threads", "non-negative"), _kernel(kernel))
-            args += (None if bounds is None else
+            real_vocab = check_optional_int(real_vocab, "real_vocab")
+            rest += (None if bounds is None else
                      [check_int(v, "bounds") for b in bounds for v in b], _softcap(softcap),
                      row_temperature)
-        logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets, *args)
+        if contract is None:
+            logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets, group_name,
+                                                           real_vocab, "", *rest)
+        else:
+            with lent(contract, "contract") as name:
+                logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets,
+                                                               group_name, real_vocab, name,
+                                                               *rest)
         return (logp, lse, ent) if entropy else (logp, lse)
     call = _prepare(hidden, weight, targets, group, real_vocab=real_vocab, contract=contract,
                     entropy=entropy, temperature=temperature, tile_width=tile_width,

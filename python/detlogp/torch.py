@@ -80,12 +80,6 @@ class _Prepared:
             _bind(self, in_token_order(self.cover))
         return self.call.run()
 
-    def outputs(self):
-        """The outputs without autograd."""
-        if self.empty:
-            return self._no_outputs()
-        return _outputs(self.run(), self.cover, self.entropy)
-
     def _no_outputs(self):
         """The outputs of a call without tokens (after the peers agreed that none has any)."""
         join_without_tokens(self.comm)
@@ -433,6 +427,7 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
         if not isinstance(logits, torch.Tensor):
             raise LogprobContractError(
                 f"logits must be a torch.Tensor; got {type(logits).__name__}")
+        platform_of(logits, "logits")  # a meta tensor would run the op's fake implementation
         check_bool(deterministic, "deterministic")
         if not isinstance(targets, torch.Tensor):
             targets = torch.as_tensor(np.asarray(targets))
