@@ -32,15 +32,11 @@ def fused_kernel_names():
     return list(_detlogp.fused_kernel_names())
 
 
-def _check_cpu(x, name):
+def _view(x, name):
+    """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
     if is_tensor(x) and x.device.type != "cpu":
         raise LogprobContractError(
             f"{name} must be a CPU tensor (the fused lm_head runs on the CPU); got {x.device}")
-
-
-def _view(x, name):
-    """(address, dtype, rows, cols, row_stride) of a 2-D CPU tensor or NumPy array, no copy."""
-    _check_cpu(x, name)
     return raw_view(x, name, shape="")
 
 
@@ -242,10 +238,11 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
                 raise LogprobContractError(
                     "contract= is not available under torch.compile: pass group=, "
                     "real_vocab=, tile_width=, temperature=, softcap= and ignore_index= instead")
-            _check_cpu(hidden, "hidden")
-            _check_cpu(weight, "weight")
-            if not is_tensor(targets):
-                targets = torch.as_tensor(np.asarray(targets))
+            for x, name in ((hidden, "hidden"), (weight, "weight")):
+                if not _ops.is_plain(x):
+                    _view(x, name)  # raises, saying why
+            if not is_tensor(targets) or not _ops.is_plain(targets):
+                targets = torch.from_numpy(int64_targets(targets))
             row_temperature = None  # one per token: an op input (the scalar is then 1)
             if is_tensor(temperature) or isinstance(temperature, np.ndarray):
                 row_temperature = torch.as_tensor(temperature)

@@ -25,13 +25,29 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401 - see below
 from torch import Tensor
 
 from ._comm import Communicator, SelfComm
 from ._detlogp import LogprobContractError
 from ._names import name_of, named
 
-__all__ = ["vocab_parallel_logprobs", "fused_linear_logprobs", "group_name", "group_of"]
+__all__ = ["vocab_parallel_logprobs", "fused_linear_logprobs", "group_name", "group_of",
+           "is_plain"]
+
+# torch._dynamo is imported above, with detlogp.torch, rather than by torch at the first call of
+# a custom op: it imports torch.distributed.nn.functional, whose functions take
+# ``group=group.WORLD`` as a default evaluated at import. Imported after a trainer's
+# init_process_group, those defaults would hold the world group, alive after
+# destroy_process_group (tests/python/test_group_lifetime.py).
+
+
+def is_plain(t):
+    """A tensor an op call takes as it is: strided, on the CPU or a CUDA device. Any other
+    (meta, sparse) is read the way the call's checks read it before the op, so that it raises
+    while the call prepares (failing the peers) instead of reaching the op's fake or missing
+    kernel."""
+    return t.layout == torch.strided and t.device.type in ("cpu", "cuda")
 
 
 def group_name(group):

@@ -428,11 +428,15 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
             raise LogprobContractError(
                 f"logits must be a torch.Tensor; got {type(logits).__name__}")
         platform_of(logits, "logits")  # a meta tensor would run the op's fake implementation
+        if logits.layout != torch.strided:
+            raise LogprobContractError(f"logits must be a strided tensor; got {logits.layout}")
         check_bool(deterministic, "deterministic")
-        if not isinstance(targets, torch.Tensor):
-            targets = torch.as_tensor(np.asarray(targets))
+        if not isinstance(targets, torch.Tensor) or not _ops.is_plain(targets):
+            targets = _int_targets(targets, tuple(logits.shape[:-1])).view(logits.shape[:-1])
         if loss_mask is not None and not isinstance(loss_mask, torch.Tensor):
             loss_mask = torch.from_numpy(mask_array(loss_mask, "loss_mask"))
+        elif loss_mask is not None and not _ops.is_plain(loss_mask):
+            loss_mask = loss_mask.detach().to_dense().cpu()
         if cache is not None and not isinstance(cache, CallCache):
             raise LogprobContractError(
                 f"cache must be a detlogp.torch.CallCache or None; got {type(cache).__name__}")

@@ -4,7 +4,7 @@ TP=1, and on each spawned rank of a gloo world of 2 at TP=2 (and at TP=1 with
 detlogp.SelfComm(), every rank holding the whole vocabulary).
 
 ``grpo_eager_and_compiled`` returns, for each of three token counts, the outputs, the loss and
-the logits' gradient of both runs (the parent compares them bit for bit), the graph breaks that
+the logits' gradient of both runs (the parent compares them), the graph breaks that
 ``torch._dynamo.explain`` counts and what a recompile raised (None: none happened; the
 compiled function runs with ``error_on_recompile``).
 """

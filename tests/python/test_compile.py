@@ -1,7 +1,8 @@
 """detlogp under torch.compile: a GRPO-style loss (logp + entropy + masked mean + backward)
-compiled with fullgraph=True and dynamic=True has no graph break, compiles once for three token
-counts, and gives bit for bit the eager outputs, loss and gradient, at TP=1 in this process and
-at TP=2 (and TP=1 with SelfComm) on two gloo ranks whose collectives run inside the op."""
+compiled with fullgraph=True and dynamic=True has no graph break and compiles once for three
+token counts; logp and entropy are eager's bit for bit, and so are the loss and the logits'
+gradient wherever the rest of the compiled graph is (``_check``). At TP=1 in this process and
+at TP=2 (and TP=1 with SelfComm) on two gloo ranks, whose collectives run inside the op."""
 
 import pytest
 
