@@ -64,6 +64,7 @@ def group_name(group):
         return name_of(group, "comm")
     return group.group_name
 
+
 def group_of(name):
     """The group of an op's ``group`` argument: None (one rank, ""), a detlogp Communicator
     (named by ``name_of``) or the torch.distributed process group of that name."""

@@ -77,3 +77,38 @@ def test_compiled_grpo_loss_equals_eager_at_tp2_over_gloo(ranks):
                 for name in ("logp", "entropy"):
                     assert_bitwise(a["compiled"][name], b["compiled"][name],
                                    f"rank {r} {backend}: {name} at TP=2 and TP=1")
+
+
+def test_compiled_fused_lm_head_equals_eager():
+    """The fused lm_head under torch.compile(fullgraph=True, dynamic=True): no graph break,
+    one compilation for three token counts, logp, LSE and entropy eager's bit for bit, and the
+    gradients of the hidden states and the weight too (a loss whose backward sends the op
+    exactly its weights)."""
+    import detlogp
+
+    def loss_fn(hidden, weight, targets, w):
+        logp, lse, entropy = detlogp.fused_linear_logprobs(hidden, weight, targets,
+                                                           real_vocab=200, entropy=True)
+        return (logp * w).sum() + (lse * w).sum() + (entropy * w).sum(), logp, lse, entropy
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_fn, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(3)
+    weight = (torch.randn(256, 24, generator=g) * 0.3).bfloat16()
+    for i, n in enumerate((5, 9, 14)):
+        hidden = torch.randn(n, 24, generator=g).bfloat16()
+        targets = torch.randint(0, 200, (n,), generator=g)
+        targets[1] = -100
+        w = torch.randn(n, generator=g)
+        runs = []
+        for fn in (loss_fn, compiled):
+            h, wt = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+            with torch._dynamo.config.patch(error_on_recompile=fn is compiled and i > 0):
+                out = fn(h, wt, targets, w)
+            out[0].backward()
+            runs.append([o.detach() for o in out[1:]] + [h.grad, wt.grad])
+        for name, a, b in zip(("logp", "lse", "entropy", "grad_hidden", "grad_weight"), *runs):
+            assert_bitwise(a, b, f"{n} tokens: {name}")
+    explained = torch._dynamo.explain(loss_fn)(hidden, weight.requires_grad_(), targets, w)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
