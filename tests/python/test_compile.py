@@ -112,3 +112,28 @@ def test_compiled_fused_lm_head_equals_eager():
     explained = torch._dynamo.explain(loss_fn)(hidden, weight.requires_grad_(), targets, w)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     torch._dynamo.reset()
+
+
+def test_what_is_eager_only_says_so_under_compile():
+    """return_contract=True and the fused op's contract= cannot cross a custom op: under
+    torch.compile(fullgraph=True) the call fails with detlogp's message (torch reports it as
+    the exception it observed while tracing)."""
+    import detlogp
+    import detlogp.torch as dt
+    from helpers import contract
+
+    x, ids = torch.randn(4, 256), torch.randint(0, 200, (4,))
+    hidden, weight = torch.randn(4, 8), torch.randn(256, 8)
+    c = contract(4, 200, 256)
+    cases = {
+        "return_contract=True is not available under torch.compile":
+            lambda: dt.vocab_parallel_logprobs(x, ids, real_vocab=200, return_contract=True),
+        "contract= is not available under torch.compile":
+            lambda: detlogp.fused_linear_logprobs(hidden, weight, ids, contract=c),
+    }
+    for message, fn in cases.items():
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):
+            torch.compile(fn, fullgraph=True)()
+        fn()  # eager: fine
+    torch._dynamo.reset()
