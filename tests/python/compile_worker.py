@@ -15,7 +15,10 @@ B, REAL, V = 2, 250, 256
 TOKEN_COUNTS = (7, 12, 19)  # sequence lengths; the loss scores positions 1..S-1
 # (backend, loss): aot_eager runs the compiled graph with torch's own kernels; inductor
 # generates its own code for the loss around the op.
-CASES = (("aot_eager", "grpo"), ("inductor", "grpo"), ("inductor", "linear"))
+# "grpo softcap": the GRPO loss on softcapped logits (the cap crosses the op as an argument).
+CASES = (("aot_eager", "grpo"), ("inductor", "grpo"), ("inductor", "linear"),
+         ("aot_eager", "grpo softcap"))
+SOFTCAP = 3.0  # the logits are ~N(0, 2): the cap bends most of them
 
 
 def _data(seq, tp, tp_rank):
@@ -36,9 +39,10 @@ def _data(seq, tp, tp_rank):
 
 
 def _loss_fn(group, kind):
-    """``kind`` "grpo": the clipped ratio objective with an entropy bonus and a masked mean;
-    "linear": fixed weights times logp and entropy, summed, whose backward hands the op
-    exactly the weights as incoming gradients under any backend."""
+    """``kind`` "grpo": the clipped ratio objective with an entropy bonus and a masked mean
+    ("grpo softcap": the same with ``softcap=SOFTCAP``); "linear": fixed weights times logp and
+    entropy, summed, whose backward hands the op exactly the weights as incoming gradients
+    under any backend."""
     import detlogp.torch as dt
     import torch
 
@@ -46,7 +50,8 @@ def _loss_fn(group, kind):
         # The causal shift: position t scores token t+1 (a view, read in place).
         logp, entropy = dt.vocab_parallel_logprobs(
             logits[:, :-1], ids[:, 1:], group=group, real_vocab=REAL,
-            loss_mask=mask[:, 1:], entropy=True)
+            loss_mask=mask[:, 1:], entropy=True,
+            softcap=SOFTCAP if kind == "grpo softcap" else None)
         if kind == "linear":
             return (logp * old_logp).sum() + (entropy * adv).sum(), logp, entropy
         ratio = torch.exp(logp - old_logp)

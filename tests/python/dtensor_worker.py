@@ -4,7 +4,7 @@ Every rank builds the same full logits (and lm_head) from one seed, distributes 
 and writes to <out>/rank<r>.pt what it saw: the local bits of detlogp's DTensor outputs and of
 the DTensor gradient, their placements, the same call on the plain local tensors, and the TP=1
 reference on the whole vocabulary; on the 1-D mesh also torch's own loss_parallel cross
-entropy, and the messages of the calls that must fail.
+entropy, a softcapped call, and the messages of the calls that must fail.
 """
 
 from spawn import gloo_rank, record_failure
@@ -13,6 +13,7 @@ B, S, H = 4, 9, 16
 # The vocabulary of each mesh: (padded columns, real vocabulary, tile width). 1150 columns over
 # 3 ranks are DTensor's uneven split [0, 384) [384, 768) [768, 1150), on tile boundaries.
 VOCAB = {"tp2": (1024, 1000, 128), "tp3": (1150, 1100, 128), "dp2xtp2": (1024, 1000, 128)}
+SOFTCAP = 4.0  # the logits are ~N(0, 3): the cap bends most of them
 
 
 def _data(padded, real, dtype):
@@ -204,6 +205,31 @@ def _replicated(mesh):
                                            group=detlogp.SelfComm())}
 
 
+def _softcapped(mesh):
+    """``softcap=`` on DTensor logits: the DTensor call and the plain call on the local shard
+    (group and bounds by hand) with the same cap, logp and gradient; and the plain call without
+    the cap (which must differ: the cap reached the call)."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from detlogp.torch import vocab_parallel_logprobs
+
+    padded, real, _ = VOCAB["tp2"]
+    full, ids, mask, coef = _data(padded, real, torch.float32)
+    dt = distribute_tensor(full, mesh, (Shard(2),)).requires_grad_()
+    logp = vocab_parallel_logprobs(dt, ids, loss_mask=mask, real_vocab=real, softcap=SOFTCAP)
+    (logp * distribute_tensor(coef[0], mesh, (Replicate(),))).sum().backward()
+    bounds, (start, end) = _columns(padded, mesh)
+    local = full[..., start:end].clone().requires_grad_()
+    plain = dict(group=mesh.get_group(0), vocab_start=bounds, loss_mask=mask, real_vocab=real)
+    p_logp = vocab_parallel_logprobs(local, ids, softcap=SOFTCAP, **plain)
+    (p_logp * coef[0]).sum().backward()
+    with torch.no_grad():
+        uncapped = vocab_parallel_logprobs(local, ids, **plain)
+    return {"logp": logp.to_local().detach(), "grad": dt.grad.to_local(),
+            "plain_logp": p_logp.detach(), "plain_grad": local.grad, "uncapped": uncapped}
+
+
 def _failures(mesh, out):
     import torch
     from torch.distributed.tensor import Partial, Shard, distribute_tensor
@@ -246,6 +272,7 @@ def _body(topology):
     if topology == "tp2":
         out["loss_parallel"] = _loss_parallel(mesh)
         out["replicated"] = _replicated(mesh)
+        out["softcap"] = _softcapped(mesh)
         _failures(mesh, out)
     return out
 

@@ -1,8 +1,9 @@
 """detlogp under torch.compile: a GRPO-style loss (logp + entropy + masked mean + backward)
 compiled with fullgraph=True and dynamic=True has no graph break and compiles once for three
 token counts; logp and entropy are eager's bit for bit, and so are the loss and the logits'
-gradient wherever the rest of the compiled graph is (``_check``). At TP=1 in this process and
-at TP=2 (and TP=1 with SelfComm) on two gloo ranks, whose collectives run inside the op."""
+gradient wherever the rest of the compiled graph is (``_check``), with and without ``softcap=``.
+At TP=1 in this process and at TP=2 (and TP=1 with SelfComm) on two gloo ranks, whose
+collectives run inside the op."""
 
 import pytest
 
@@ -44,10 +45,10 @@ def _check(result, where, backend, kind):
 
 
 def _check_grad(eager, compiled, unscored, what):
-    """The logits' gradient of the GRPO loss, bit for bit, except the sign of a zero on the rows of unscored
-    tokens: their gradient is a zero whose sign follows the sign of the zero gradient that the
-    loss sends them (docs/numerics.md, "Backward"), and the compiled backward of the loss
-    (torch's, not detlogp's) may send +0 where eager sends -0."""
+    """The logits' gradient of the GRPO loss, bit for bit, except the sign of a zero on the rows
+    of unscored tokens: their gradient is a zero whose sign follows the sign of the zero
+    gradient that the loss sends them (docs/numerics.md, "Backward"), and the compiled backward
+    of the loss (torch's, not detlogp's) may send +0 where eager sends -0."""
     assert_bitwise(eager[:, -1], compiled[:, -1], f"{what}: gradient of the last position")
     e, c = eager[:, :-1], compiled[:, :-1]
     assert_bitwise(e[~unscored], c[~unscored], f"{what}: gradient of the scored tokens")

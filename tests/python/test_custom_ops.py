@@ -32,8 +32,8 @@ def _targets(shape, seed=1):
 def _logprobs_args(logits, targets, *, mask=None, entropy=False, entropy_grad=True,
                    temperature=1.0, real_vocab=REAL, softcap=None):
     """The op's arguments, as ``detlogp.torch.vocab_parallel_logprobs`` passes them."""
-    return (logits, targets, mask, "", real_vocab, -100, temperature, entropy, True, None, None, None,
-            None, entropy_grad, "", softcap)
+    return (logits, targets, mask, "", real_vocab, -100, temperature, entropy, True, None, None,
+            None, None, entropy_grad, "", softcap)
 
 
 CASES = {
@@ -42,6 +42,8 @@ CASES = {
     "fp32, entropy without grad, temperature": dict(shape=(3, 4), dtype=torch.float32,
                                                     entropy=True, entropy_grad=False,
                                                     temperature=0.7),
+    "bf16, entropy, softcap": dict(shape=(2, 5), dtype=torch.bfloat16, entropy=True,
+                                   softcap=3.0),
 }
 
 
@@ -91,14 +93,15 @@ def test_the_backward_ops_fake_gradient_is_the_real_one(view):
     assert _metadata(fake) == _metadata(real)
 
 
-@pytest.mark.parametrize("dtype,entropy", [(torch.float32, False), (torch.bfloat16, True)])
-def test_opcheck_fused_linear_logprobs(dtype, entropy):
+@pytest.mark.parametrize("dtype,entropy,softcap", [(torch.float32, False, None),
+                                                   (torch.bfloat16, True, 2.5)])
+def test_opcheck_fused_linear_logprobs(dtype, entropy, softcap):
     g = torch.Generator().manual_seed(2)
     hidden = torch.randn(7, 24, generator=g).to(dtype).requires_grad_()
     weight = (torch.randn(V, 24, generator=g) * 0.3).to(dtype).requires_grad_()
     targets = _targets((7,))
     args = (hidden, weight, targets, "", REAL, "", entropy, 1.0, 64, -100, True, None, "",
-            None, None)
+            None, softcap)
     torch.library.opcheck(_ops.fused_linear_logprobs, args)
 
 

@@ -106,6 +106,17 @@ def test_replicated_dtensor_logits_are_the_whole_vocabulary(topology):
         assert_bitwise(res["replicated"]["logp"], res["replicated"]["ref"], f"rank {rank}")
 
 
+def test_softcap_reaches_the_call_on_dtensor_logits(topology):
+    name, ranks = topology
+    if name != "tp2":
+        pytest.skip("run on the TP=2 mesh")
+    for rank, res in enumerate(ranks):
+        got = res["softcap"]
+        assert_bitwise(got["logp"], got["plain_logp"], f"logp, rank {rank}")
+        assert_bitwise(got["grad"], got["plain_grad"], f"grad, rank {rank}")
+        assert not torch.equal(got["logp"], got["uncapped"]), f"rank {rank}: cap ignored"
+
+
 def test_dtensor_misuse_fails_with_the_fix(topology):
     name, ranks = topology
     if name != "tp2":
