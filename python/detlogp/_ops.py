@@ -114,7 +114,7 @@ def vocab_parallel_logprobs(
         entropy: bool, deterministic: bool, vocab_start: Optional[int],
         vocab_bounds: Optional[list[int]], threads: Optional[int], tile_width: Optional[int],
         entropy_grad: bool, cache: str, softcap: Optional[float],
-        row_temperature: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        row_temperature: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """(logp, entropy or an empty tensor, saved state) of ``detlogp.torch``'s call."""
     from . import torch as api
 
@@ -129,7 +129,7 @@ def vocab_parallel_logprobs(
 @vocab_parallel_logprobs.register_fake
 def _(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
       deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad, cache,
-      softcap, row_temperature):
+      softcap, row_temperature=None):
     logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
     ent = logp.new_empty(logits.shape[:-1] if entropy else (0,))
     return logp, ent, _saved_like(logits)
@@ -184,7 +184,7 @@ def fused_linear_logprobs(
         contract: str, entropy: bool, temperature: float, tile_width: Optional[int],
         ignore_index: int, validate: bool, threads: Optional[int], kernel: str,
         vocab_bounds: Optional[list[int]], softcap: Optional[float],
-        row_temperature: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        row_temperature: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(logp, lse, entropy or an empty tensor, saved state) of ``fused_linear_logprobs``;
     ``vocab_bounds``: every rank's weight rows, flattened (None: even shards)."""
     from . import _fused
@@ -199,7 +199,7 @@ def fused_linear_logprobs(
 
 @fused_linear_logprobs.register_fake
 def _(hidden, weight, targets, group, real_vocab, contract, entropy, temperature, tile_width,
-      ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature):
+      ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature=None):
     logp = hidden.new_empty(hidden.shape[:1], dtype=torch.float32)
     return (logp, torch.empty_like(logp), logp.new_empty(hidden.shape[:1] if entropy else (0,)),
             _saved_like(hidden))

@@ -31,9 +31,11 @@ def _targets(shape, seed=1):
 
 def _logprobs_args(logits, targets, *, mask=None, entropy=False, entropy_grad=True,
                    temperature=1.0, real_vocab=REAL, softcap=None):
-    """The op's arguments, as ``detlogp.torch.vocab_parallel_logprobs`` passes them."""
-    return (logits, targets, mask, "", real_vocab, -100, temperature, entropy, True, None, None,
-            None, None, entropy_grad, "", softcap)
+    """The op's arguments, as ``detlogp.torch.vocab_parallel_logprobs`` passes them (a tensor
+    temperature, one per token, as the last argument with the scalar 1)."""
+    rows = temperature if isinstance(temperature, torch.Tensor) else None
+    return (logits, targets, mask, "", real_vocab, -100, 1.0 if rows is not None else temperature,
+            entropy, True, None, None, None, None, entropy_grad, "", softcap, rows)
 
 
 CASES = {
@@ -44,6 +46,9 @@ CASES = {
                                                     temperature=0.7),
     "bf16, entropy, softcap": dict(shape=(2, 5), dtype=torch.bfloat16, entropy=True,
                                    softcap=3.0),
+    "fp32, entropy, softcap, per-token temperature": dict(
+        shape=(2, 5), dtype=torch.float32, entropy=True, softcap=3.0,
+        temperature=0.5 + torch.arange(10, dtype=torch.float32).view(2, 5) / 8),
 }
 
 
@@ -93,15 +98,17 @@ def test_the_backward_ops_fake_gradient_is_the_real_one(view):
     assert _metadata(fake) == _metadata(real)
 
 
-@pytest.mark.parametrize("dtype,entropy,softcap", [(torch.float32, False, None),
-                                                   (torch.bfloat16, True, 2.5)])
-def test_opcheck_fused_linear_logprobs(dtype, entropy, softcap):
+@pytest.mark.parametrize("dtype,entropy,softcap,rows", [(torch.float32, False, None, False),
+                                                        (torch.bfloat16, True, 2.5, False),
+                                                        (torch.float32, True, None, True)])
+def test_opcheck_fused_linear_logprobs(dtype, entropy, softcap, rows):
     g = torch.Generator().manual_seed(2)
     hidden = torch.randn(7, 24, generator=g).to(dtype).requires_grad_()
     weight = (torch.randn(V, 24, generator=g) * 0.3).to(dtype).requires_grad_()
     targets = _targets((7,))
+    row_temperature = 0.5 + torch.arange(7, dtype=torch.float32) / 4 if rows else None
     args = (hidden, weight, targets, "", REAL, "", entropy, 1.0, 64, -100, True, None, "",
-            None, softcap)
+            None, softcap, row_temperature)
     torch.library.opcheck(_ops.fused_linear_logprobs, args)
 
 
