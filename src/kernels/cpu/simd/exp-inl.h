@@ -122,18 +122,7 @@ HWY_INLINE VF DetExpAny(VF x) {
 }
 
 void DetExpArray(const float* x, float* y, int64_t n) {
-  const DF d;
-  int64_t i = 0;
-  for (; i + static_cast<int64_t>(kN) <= n; i += kN) {
-    hn::StoreU(DetExpAny(hn::LoadU(d, x + i)), d, y + i);
-  }
-  if (i < n) {
-    HWY_ALIGN float in[kN] = {};
-    HWY_ALIGN float out[kN];
-    std::memcpy(in, x + i, static_cast<size_t>(n - i) * sizeof(float));
-    hn::Store(DetExpAny(hn::Load(d, in)), d, out);
-    std::memcpy(y + i, out, static_cast<size_t>(n - i) * sizeof(float));
-  }
+  MapFloats([](VF v) { return DetExpAny(v); }, x, y, n);
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "detlogp/dtype.hpp"
 #include "numerics/canon.hpp"
@@ -125,6 +126,22 @@ HWY_INLINE void WithStaticFlags(DType dtype, bool a, bool b, const Fn& fn) {
       return flags.template operator()<DType::bf16>();
     case DType::fp16:
       return flags.template operator()<DType::fp16>();
+  }
+}
+
+// y[i] = fn(x[i]) lane by lane over n floats; the tail is padded with zeros in a full vector
+// (the element-wise test entry points of the canon functions: det_exp, det_tanh).
+template <class Fn>
+HWY_INLINE void MapFloats(const Fn& fn, const float* x, float* y, int64_t n) {
+  const DF d;
+  int64_t i = 0;
+  for (; i + static_cast<int64_t>(kN) <= n; i += kN) hn::StoreU(fn(hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    HWY_ALIGN float in[kN] = {};
+    HWY_ALIGN float out[kN];
+    std::memcpy(in, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    hn::Store(fn(hn::Load(d, in)), d, out);
+    std::memcpy(y + i, out, static_cast<size_t>(n - i) * sizeof(float));
   }
 }
 

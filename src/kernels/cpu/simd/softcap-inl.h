@@ -100,18 +100,7 @@ HWY_INLINE void CapTile(const typename Storage<kDT>::T* p, int64_t count, float 
 }
 
 void DetTanhArray(const float* x, float* y, int64_t n) {
-  const DF d;
-  int64_t i = 0;
-  for (; i + static_cast<int64_t>(kN) <= n; i += kN) {
-    hn::StoreU(DetTanh(hn::LoadU(d, x + i)), d, y + i);
-  }
-  if (i < n) {
-    HWY_ALIGN float in[kN] = {};
-    HWY_ALIGN float out[kN];
-    std::memcpy(in, x + i, static_cast<size_t>(n - i) * sizeof(float));
-    hn::Store(DetTanh(hn::Load(d, in)), d, out);
-    std::memcpy(y + i, out, static_cast<size_t>(n - i) * sizeof(float));
-  }
+  MapFloats([](VF v) { return DetTanh(v); }, x, y, n);
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
