@@ -14,28 +14,12 @@
 
 #include "detlogp/fused.hpp"
 #include "fused_test_util.hpp"
-#include "op_test_util.hpp"
+#include "tp_compare.hpp"
 
 namespace detlogp::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<int64_t> targets_for(int64_t rows, int64_t real, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::uniform_int_distribution<int64_t> dist(0, real - 1);
-  std::vector<int64_t> t(static_cast<std::size_t>(rows));
-  for (auto& v : t) v = dist(gen);
-  return t;
-}
-
-std::vector<float> grads_for(int64_t rows, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> g(static_cast<std::size_t>(rows));
-  for (auto& v : g) v = n(gen);
-  return g;
-}
 
 // Row i's temperature: a few distinct values, repeated and interleaved (runs of equal values
 // and single rows), 1 among them.
@@ -84,15 +68,6 @@ void expect_row_same(const TpRun& a, int64_t i, const TpRun& b, int64_t j, int64
     ASSERT_EQ(canon::bits_of(a.grad.at(i, c)), canon::bits_of(b.grad.at(j, c)))
         << what << " grad row " << i << " column " << c;
   }
-}
-
-void expect_same(const TpRun& a, const TpRun& b, int64_t real, const std::string& what) {
-  for (const RankOutputs& r : b.ranks) {
-    EXPECT_EQ(bits(a.ranks[0].result.logp), bits(r.result.logp)) << what << ": logp";
-    EXPECT_EQ(bits(a.ranks[0].result.lse), bits(r.result.lse)) << what << ": lse";
-    EXPECT_EQ(bits(a.ranks[0].result.entropy), bits(r.result.entropy)) << what << ": entropy";
-  }
-  EXPECT_EQ(real_grad_bytes(a.grad, real), real_grad_bytes(b.grad, real)) << what << ": grad";
 }
 
 // Every row of a per-row call has the bits of the scalar call with that row's temperature:

@@ -11,7 +11,7 @@
 
 #include "detlogp/capability.hpp"
 #include "detlogp/registry.hpp"
-#include "op_test_util.hpp"
+#include "tp_compare.hpp"
 
 namespace detlogp::testing {
 namespace {
@@ -19,22 +19,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr float kCap = 30.0f;  // Gemma's final_logit_softcapping
-
-std::vector<int64_t> targets_for(int64_t rows, int64_t real, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::uniform_int_distribution<int64_t> dist(0, real - 1);
-  std::vector<int64_t> t(static_cast<std::size_t>(rows));
-  for (auto& v : t) v = dist(gen);
-  return t;
-}
-
-std::vector<float> grads_for(int64_t rows, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> g(static_cast<std::size_t>(rows));
-  for (auto& v : g) v = n(gen);
-  return g;
-}
 
 // Tile-aligned shards of `tiles_per_rank` tiles each, the last rank to the padded end.
 Layout uneven(int64_t real, int64_t padded, const std::vector<int64_t>& tiles_per_rank, int64_t w) {
@@ -46,15 +30,6 @@ Layout uneven(int64_t real, int64_t padded, const std::vector<int64_t>& tiles_pe
     start = end;
   }
   return l;
-}
-
-void expect_same(const TpRun& a, const TpRun& b, int64_t real, const std::string& what) {
-  for (const RankOutputs& r : b.ranks) {
-    EXPECT_EQ(bits(a.ranks[0].result.logp), bits(r.result.logp)) << what << ": logp";
-    EXPECT_EQ(bits(a.ranks[0].result.lse), bits(r.result.lse)) << what << ": lse";
-    EXPECT_EQ(bits(a.ranks[0].result.entropy), bits(r.result.entropy)) << what << ": entropy";
-  }
-  EXPECT_EQ(real_grad_bytes(a.grad, real), real_grad_bytes(b.grad, real)) << what << ": grad";
 }
 
 // A Gemma-sized vocabulary (262144) with a cap of 30 and logits large enough for the cap to
