@@ -179,12 +179,14 @@ def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mas
     return _wrap(out, sharded, lead)
 
 
-def fused_linear_logprobs(fn, hidden, weight, targets, *, group, contract, **kwargs):
+def fused_linear_logprobs(fn, hidden, weight, targets, *, group, contract,
+                          name="fused_linear_logprobs", **kwargs):
     """``fn`` (the fused op's call with a bounds table) on a DTensor lm_head weight [vocab, H]
     (Shard(0) on the TP dim, Replicate on any other mesh dim): the group and the bounds from its
-    mesh. ``hidden`` [tokens, H]: a plain tensor (plain outputs) or a DTensor Replicate on the
-    weight's mesh (Replicate DTensor outputs)."""
-    name = "fused_linear_logprobs"
+    mesh. ``hidden`` [..., H]: a plain tensor (plain outputs) or a DTensor Replicate on the
+    weight's mesh (Replicate DTensor outputs of its leading shape). ``name``: the caller
+    (``fused_linear_logprobs`` or ``fused_vocab_parallel_logprobs``); a ``loss_mask`` or
+    per-token ``temperature`` in ``kwargs`` is read as ``targets`` is."""
     if not is_dtensor(weight):
         raise LogprobContractError(
             f"{name}: hidden or targets is a DTensor but weight is not; pass the lm_head weight "
@@ -197,12 +199,18 @@ def fused_linear_logprobs(fn, hidden, weight, targets, *, group, contract, **kwa
         # a DP x TP mesh the DTensors of a TP layer live on the TP sub-mesh, mesh["tp"]).
         local_hidden = _local_of(hidden, sharded, "hidden")
         targets = _local_of(targets, sharded, "targets")
+        for key in ("loss_mask", "temperature"):  # per-token inputs travel as targets do
+            if is_dtensor(kwargs.get(key)):
+                kwargs[key] = _local_of(kwargs[key], sharded, key)
     with _from_the_mesh(sharded, "weight"):
         out = fn(local_hidden, sharded.local, targets, group=sharded.comm,
                  bounds=sharded.bounds, **kwargs)
     if not is_dtensor(hidden):
         return out
-    return tuple(_wrap(o, sharded, (hidden.shape[0],)) for o in out)
+    lead = tuple(hidden.shape[:-1])
+    if not isinstance(out, tuple):
+        return _wrap(out, sharded, lead)
+    return tuple(o if not _is_tensor(o) else _wrap(o, sharded, lead) for o in out)
 
 
 def _is_tensor(x):

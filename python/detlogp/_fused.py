@@ -72,10 +72,10 @@ def _check_mixed_grad(hidden, weight):
 
 
 def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_width,
-                      temperature, ignore_index, bounds=None, softcap=None):
+                      temperature, ignore_index, bounds=None, softcap=None, active=None):
     """A train contract for even shards of weight rows (padded vocab = local rows x TP) unless
     ``bounds`` gives every rank's rows (a DTensor weight's split), active tokens those whose
-    target is not ``ignore_index``."""
+    target is not ``ignore_index`` unless ``active`` (one bool per row) says which."""
     tp = 1 if comm is None else comm.size
     rank = 0 if comm is None else comm.rank
     local = weight_view[2]
@@ -84,7 +84,9 @@ def _default_contract(hidden_view, weight_view, targets, comm, real_vocab, tile_
     bounds = [tuple(b) for b in bounds]
     padded = bounds[-1][1]
     real = padded if real_vocab is None else check_int(real_vocab, "real_vocab", "positive")
-    active = [bool(t != ignore_index) for t in targets.tolist()]
+    if active is None:
+        active = targets != ignore_index
+    active = np.asarray(active, dtype=bool).tolist()
     kwargs = {} if tile_width is None else {"tile_width": tile_width}
     return LogprobContract(
         role="train", dtype=hidden_view[1],
@@ -287,10 +289,12 @@ def _kernel(kernel):
 
 
 def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, temperature,
-             tile_width, ignore_index, validate, threads, kernel, bounds=None, softcap=None):
+             tile_width, ignore_index, validate, threads, kernel, bounds=None, softcap=None,
+             active=None):
     """The call of ``fused_linear_logprobs`` over a resolved ``group``: a ``_FusedCall``, or a
     ``_NoTokensCall`` once every rank agreed that none has tokens. ``bounds``: every rank's
-    weight rows (None: even shards)."""
+    weight rows (None: even shards); ``active``: which rows are scored (None: those whose
+    target is not ``ignore_index``)."""
     with peers_fail_on_error(group):
         check_bool(entropy, "entropy")
         check_bool(validate, "validate")
@@ -308,7 +312,8 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
             comm = None if group is None else communicator_for(group, 2)
             if not no_tokens:
                 contract = _default_contract(hv, wv, tg, comm, real_vocab, tile_width,
-                                             temperature, ignore_index, bounds, softcap)
+                                             temperature, ignore_index, bounds, softcap,
+                                             active)
         elif not isinstance(contract, LogprobContract):
             raise LogprobContractError("contract must be a LogprobContract")
         elif softcap is not None:
@@ -328,13 +333,23 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
 
 def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, vocab_bounds, softcap,
-             row_temperature):
-    """The implementation of the op ``detlogp::fused_linear_logprobs`` up to its forward."""
+             row_temperature, loss_mask=None, vocab_start=None, leading_dims=False):
+    """The implementation of the op ``detlogp::fused_linear_logprobs`` up to its forward.
+    ``leading_dims``: the call of ``fused_vocab_parallel_logprobs`` (hidden [..., H], targets,
+    ``loss_mask`` and ``vocab_start`` as ``detlogp.torch`` reads them: _fused_tokens.py)."""
     from . import _ops
 
     bounds = None if vocab_bounds is None else list(zip(vocab_bounds[::2], vocab_bounds[1::2]))
     if row_temperature is not None:  # one per token (the op's scalar is then 1)
         temperature = row_temperature
+    if leading_dims:
+        from . import _fused_tokens
+
+        return _fused_tokens.prepare(
+            hidden, weight, targets, loss_mask, _ops.group_of(group), real_vocab=real_vocab,
+            ignore_index=ignore_index, temperature=temperature, entropy=entropy,
+            vocab_start=bounds if bounds is not None else vocab_start, threads=threads,
+            tile_width=tile_width, softcap=softcap, validate=validate, kernel=kernel)
     return _prepare(hidden, weight, targets, _ops.group_of(group), real_vocab=real_vocab,
                     contract=named(contract) if contract else None, entropy=entropy,
                     temperature=temperature, tile_width=tile_width, ignore_index=ignore_index,

@@ -167,3 +167,11 @@ def from_rows(values, cover):
     if cover.identity:
         return values.view(cover.lead_shape)
     return values[cover.token_rows.to(values.device)].view(cover.lead_shape)
+
+
+def row_grad(g, cover):
+    """An incoming per-token gradient (None, or a tensor of the leading shape) as fp32
+    per-cover-row values on the CPU (holes get 0)."""
+    if g is None:
+        return None
+    return to_rows(g.detach().reshape(-1).to(device="cpu", dtype=torch.float32), cover, 0.0)

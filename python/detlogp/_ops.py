@@ -33,7 +33,7 @@ from ._detlogp import LogprobContractError
 from ._names import name_of, named
 
 __all__ = ["vocab_parallel_logprobs", "fused_linear_logprobs", "group_name", "group_of",
-           "is_plain"]
+           "is_plain", "call_of"]
 
 # torch._dynamo is imported above, with detlogp.torch, rather than by torch at the first call of
 # a custom op: it imports torch.distributed.nn.functional, whose functions take
@@ -98,6 +98,11 @@ def _saved_call(saved):
             "detlogp: backward got a saved-state tensor that no forward made (a copy of the "
             "op's last output?); pass the tensor the forward returned")
     return call
+
+
+def call_of(saved):
+    """The call object behind an op's saved-state output (its ``contract``, for one)."""
+    return _saved_call(saved)
 
 
 def _saved_like(x):
@@ -182,16 +187,21 @@ vocab_parallel_logprobs.register_autograd(_logprobs_backward, setup_context=_log
 def fused_linear_logprobs(
         hidden: Tensor, weight: Tensor, targets: Tensor, group: str, real_vocab: Optional[int],
         contract: str, entropy: bool, temperature: float, tile_width: Optional[int],
-        ignore_index: int, validate: bool, threads: Optional[int], kernel: str,
+        ignore_index: Optional[int], validate: bool, threads: Optional[int], kernel: str,
         vocab_bounds: Optional[list[int]], softcap: Optional[float],
-        row_temperature: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(logp, lse, entropy or an empty tensor, saved state) of ``fused_linear_logprobs``;
-    ``vocab_bounds``: every rank's weight rows, flattened (None: even shards)."""
+        row_temperature: Optional[Tensor] = None, loss_mask: Optional[Tensor] = None,
+        vocab_start: Optional[int] = None,
+        leading_dims: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(logp, lse, entropy or an empty tensor, saved state) of ``fused_linear_logprobs``
+    (hidden [tokens, H]) or, with ``leading_dims``, of ``fused_vocab_parallel_logprobs``
+    (hidden [..., H]: outputs of its leading shape); ``vocab_bounds``: every rank's weight
+    rows, flattened (None: even shards)."""
     from . import _fused
 
     call = _fused._op_call(hidden, weight, targets, group, real_vocab, contract, entropy,
                            temperature, tile_width, ignore_index, validate, threads, kernel,
-                           vocab_bounds, softcap, row_temperature)
+                           vocab_bounds, softcap, row_temperature, loss_mask, vocab_start,
+                           leading_dims)
     outputs = call.forward((hidden, weight))
     ent = outputs[2] if entropy else torch.zeros(0, dtype=torch.float32)
     return outputs[0], outputs[1], ent, _save(call)
@@ -199,9 +209,10 @@ def fused_linear_logprobs(
 
 @fused_linear_logprobs.register_fake
 def _(hidden, weight, targets, group, real_vocab, contract, entropy, temperature, tile_width,
-      ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature=None):
-    logp = hidden.new_empty(hidden.shape[:1], dtype=torch.float32)
-    return (logp, torch.empty_like(logp), logp.new_empty(hidden.shape[:1] if entropy else (0,)),
+      ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature=None,
+      loss_mask=None, vocab_start=None, leading_dims=False):
+    logp = hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
+    return (logp, torch.empty_like(logp), logp.new_empty(hidden.shape[:-1] if entropy else (0,)),
             _saved_like(hidden))
 
 
@@ -210,21 +221,30 @@ def fused_linear_logprobs_backward(
         hidden: Tensor, weight: Tensor, saved: Tensor, grad_logp: Optional[Tensor],
         grad_lse: Optional[Tensor], grad_entropy: Optional[Tensor], want_hidden: bool,
         want_weight: bool) -> tuple[Tensor, Tensor]:
-    """(grad_hidden, grad_weight), contiguous; an empty tensor for one not wanted."""
+    """(grad_hidden, grad_weight); an empty tensor for one not wanted. grad_weight is
+    contiguous, grad_hidden has the strides ``grad_strides`` gives hidden's shape and strides
+    (contiguous for a [tokens, H] hidden)."""
+    from ._layout import grad_strides
+
     gh, gw = _saved_call(saved).backward((hidden, weight), (grad_logp, grad_lse, grad_entropy),
                                          (want_hidden, want_weight))
+    want = grad_strides(hidden.shape, hidden.stride())
+    if want_hidden and gh.stride() != want:  # rows read in token order (a copy of hidden)
+        gh = torch.empty_strided(hidden.shape, want, dtype=gh.dtype).copy_(gh)
     return (gh if want_hidden else hidden.new_empty((0,)),
             gw if want_weight else weight.new_empty((0,)))
 
 
 @fused_linear_logprobs_backward.register_fake
 def _(hidden, weight, saved, grad_logp, grad_lse, grad_entropy, want_hidden, want_weight):
-    def grad(x, want):
-        if not want:
-            return x.new_empty((0,))
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    from ._layout import grad_strides
 
-    return grad(hidden, want_hidden), grad(weight, want_weight)
+    gh = hidden.new_empty((0,)) if not want_hidden else torch.empty_strided(
+        hidden.shape, grad_strides(hidden.shape, hidden.stride()), dtype=hidden.dtype,
+        device=hidden.device)
+    gw = weight.new_empty((0,)) if not want_weight else torch.empty_like(
+        weight, memory_format=torch.contiguous_format)
+    return gh, gw
 
 
 def _fused_setup(ctx, inputs, output):
@@ -239,7 +259,7 @@ def _fused_backward(ctx, grad_logp, grad_lse, grad_entropy, grad_saved):
             grad_logp is None and grad_lse is None and grad_entropy is None):
         gh, gw = fused_linear_logprobs_backward(hidden, weight, saved, grad_logp, grad_lse,
                                                 grad_entropy, want_hidden, want_weight)
-    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 14
+    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 17
 
 
 fused_linear_logprobs.register_autograd(_fused_backward, setup_context=_fused_setup)

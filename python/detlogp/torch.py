@@ -10,6 +10,8 @@ the mask from ``loss_mask`` (bool, int or float) and/or ``targets == ignore_inde
 contract is built internally and cached (docs/python.md). Drop-ins with the signatures of
 Megatron's ``vocab_parallel_cross_entropy`` and verl's ``logprobs_from_logits``,
 ``vocab_parallel_log_probs_from_logits`` and entropy helpers sit on top.
+``fused_vocab_parallel_logprobs(hidden, weight, targets, ...)`` is the same call from the hidden
+states and the lm_head weight shard, without the logits (the fused lm_head: _fused_tokens.py).
 
 This module is ``detlogp.torch``; inside it ``torch`` is the real torch (absolute imports).
 """
@@ -29,20 +31,23 @@ from detlogp._call import LogitsCall, join_without_tokens
 from detlogp._call_cache import DEFAULT_CACHE, CallCache, mask_digest
 from detlogp._checks import check_bool, check_int, check_optional_int
 from detlogp._comm import peers_fail_on_error
-from detlogp._contract import (ReductionSpec, ShardingSpec, _softcap, _temperature,
-                               megatron_padded_vocab)
+from detlogp._contract import ReductionSpec, ShardingSpec, _softcap, _temperature
 from detlogp._detlogp import LogprobContractError
 from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
+from detlogp._fused_tokens import fused_vocab_parallel_logprobs  # its drop-in for this API
 from detlogp._group import resolve_group
-from detlogp._layout import cover_view, from_rows, in_token_order, logits_cover, to_rows
-from detlogp._mask import active_from_mask, mask_array
+from detlogp._layout import (cover_view, from_rows, in_token_order, logits_cover, row_grad,
+                             to_rows)
 from detlogp._op import LogprobOp, get_logprob_op
+from detlogp._torch_args import (active_tokens, check_tiles, int_targets, op_mask,
+                                 op_targets, op_temperature, op_vocab_start, real_vocab_size,
+                                 token_temperature, vocab_bounds)
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
            "vocab_parallel_log_probs_from_logits", "vocab_parallel_entropy",
            "entropy_from_logits", "CallCache", "DEFAULT_CACHE",
-           "fused_linear_logprobs", "linear_logits"]
+           "fused_linear_logprobs", "linear_logits", "fused_vocab_parallel_logprobs"]
 
 _REDUCTIONS = {True: ReductionSpec(), False: ReductionSpec(determinism_scope="fixed_topology")}
 _NO_IGNORE = -100  # the MaskSpec's ignore_index when the caller gives none
@@ -102,105 +107,8 @@ class _Prepared:
         if self.fwd is None:  # no tokens: an empty gradient
             return (torch.zeros(c.lead_shape + (c.cols,), dtype=self.dtype, device=self.device),)
         out = self.cache.grad_buffer(c.rows, c.cols, self.dtype, self.device)
-        self.fwd.backward(_row_grad(grad_logp, c), None, _row_grad(grad_entropy, c), out=out)
+        self.fwd.backward(row_grad(grad_logp, c), None, row_grad(grad_entropy, c), out=out)
         return (out.as_strided(c.lead_shape + (c.cols,), c.grad_strides),)
-
-
-def _bounds(vocab_start, cols, tp, rank):
-    """(bounds, padded): Megatron's equal shards of ``cols`` columns unless given."""
-    if vocab_start is None or not isinstance(vocab_start, (list, tuple)):
-        if vocab_start is not None:
-            start = check_int(vocab_start, "vocab_start", "non-negative")
-            if start != rank * cols:
-                raise LogprobContractError(
-                    f"vocab_start={start} does not match equal shards of {cols} columns (rank "
-                    f"{rank} starts at {rank * cols}); for unequal shards pass vocab_start as "
-                    "the full table [(start, end), ...] of every rank")
-        return tuple((k * cols, (k + 1) * cols) for k in range(tp)), cols * tp
-    bounds = tuple((check_int(s, "vocab_start bound"), check_int(e, "vocab_start bound"))
-                   for s, e in vocab_start)
-    if len(bounds) != tp:
-        raise LogprobContractError(
-            f"vocab_start lists {len(bounds)} shards but the group has {tp} ranks")
-    return bounds, bounds[-1][1]
-
-
-def _real_vocab(real_vocab, padded, cols, tp, inferred):
-    """``real_vocab`` checked against the vocabulary the logits hold (default: all of it)."""
-    if real_vocab is None:
-        return padded
-    real = check_int(real_vocab, "real_vocab", "positive")
-    if real > padded and not inferred:
-        raise LogprobContractError(
-            f"real_vocab={real} is larger than the vocabulary of the vocab_start table, which "
-            f"ends at column {padded}; pass real_vocab <= {padded} (the number of real, "
-            "unpadded tokens) or a table that covers the whole padded vocabulary")
-    if real > padded:
-        try:
-            fit = megatron_padded_vocab(real, tp)
-            fix = (f"; or, if real_vocab={real} is right, pass logits of the whole padded "
-                   f"vocabulary: detlogp.megatron_padded_vocab({real}, {tp}) = {fit} columns "
-                   f"({fit // tp} per rank)")
-        except LogprobContractError:
-            fix = ""
-        raise LogprobContractError(
-            f"real_vocab={real} is larger than the vocabulary the logits hold: {cols} columns "
-            f"(logits.shape[-1]) x {tp} TP rank(s) = {padded}, the padded vocabulary inferred "
-            f"from the logits' width and the group's size. Pass real_vocab <= {padded} (the "
-            f"number of real, unpadded tokens){fix}")
-    return real
-
-
-def _check_tiles(bounds, tile_width, real, tp, cols, inferred):
-    """Deterministic mode reads the vocabulary in tiles of W columns: every bound between two
-    ranks must be a multiple of W. Raised here, before any collective, with the fix."""
-    w = _detlogp.DEFAULT_TILE_WIDTH if tile_width is None else tile_width
-    cut = next((e for _, e in bounds[:-1] if e % w), None)
-    if cut is None:
-        return
-    try:
-        fit = megatron_padded_vocab(real, tp, w)
-        args = f"{real}, {tp}" + ("" if w == 128 else f", {w}")
-        pad = (f"pad the LM head as Megatron does, to detlogp.megatron_padded_vocab({args}) "
-               f"= {fit} rows ({fit // tp} per rank; real_vocab={real} keeps the "
-               "padding out of the softmax)")
-    except LogprobContractError:
-        pad = "pad the LM head to a multiple of the tile width times the TP size"
-    where = (f"logits.shape[-1]={cols} columns per rank" if inferred else
-             f"vocab_start puts a shard bound at column {cut}")
-    raise LogprobContractError(
-        f"{where} is not a multiple of the vocab tile width {w} (tile_width"
-        f"{'' if tile_width is not None else ', the default'}): deterministic mode needs every "
-        f"bound between TP shards on a tile boundary. Fix: {pad}, or pass a tile_width that "
-        f"divides every shard bound, or deterministic=False (not bitwise across TP degrees)")
-
-
-def _int_targets(targets, lead_shape):
-    if not isinstance(targets, torch.Tensor):
-        targets = torch.as_tensor(np.asarray(targets))
-    if targets.dtype.is_floating_point or targets.dtype.is_complex or \
-            targets.dtype == torch.bool:
-        raise LogprobContractError(f"targets must hold integers; got dtype {targets.dtype}")
-    if tuple(targets.shape) != lead_shape:
-        raise LogprobContractError(
-            f"targets must have the logits' leading shape {lead_shape}; got "
-            f"{tuple(targets.shape)}")
-    return targets.detach().reshape(-1).to(device="cpu", dtype=torch.int64)
-
-
-def _active(flat_targets, loss_mask, ignore_index, lead_shape):
-    """The per-token active mask (bool, CPU): loss_mask != 0 and targets != ignore_index."""
-    active = None
-    if ignore_index is not None:
-        active = flat_targets != check_int(ignore_index, "ignore_index")
-    if loss_mask is not None:
-        lm = active_from_mask(loss_mask, lead_shape, "loss_mask",
-                              f"the targets' shape {lead_shape}")
-        lm = lm if isinstance(lm, torch.Tensor) else torch.from_numpy(lm)
-        active = lm if active is None else active & lm
-    if active is None:
-        active = torch.ones(flat_targets.shape, dtype=torch.bool)
-    return active
 
 
 def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
@@ -216,21 +124,21 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
         raise LogprobContractError("logits must have a vocab dimension [..., local_vocab]")
     check_bool(deterministic, "deterministic")
     lead_shape, cols = tuple(logits.shape[:-1]), logits.shape[-1]
-    flat_targets = _int_targets(targets, lead_shape)
-    active = _active(flat_targets, loss_mask, ignore_index, lead_shape)
+    flat_targets = int_targets(targets, lead_shape)
+    active = active_tokens(flat_targets, loss_mask, ignore_index, lead_shape)
     ign = _NO_IGNORE if ignore_index is None else ignore_index
 
     tp, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
-    bounds, padded = _bounds(vocab_start, cols, tp, rank)
+    bounds, padded = vocab_bounds(vocab_start, cols, tp, rank)
     inferred = not isinstance(vocab_start, (list, tuple))  # equal shards of the local width
-    real = _real_vocab(real_vocab, padded, cols, tp, inferred)
+    real = real_vocab_size(real_vocab, padded, cols, tp, inferred)
     if tile_width is not None:
         tile_width = check_int(tile_width, "tile_width", "positive")
     if deterministic and tp > 1:
-        _check_tiles(bounds, tile_width, real, tp, cols, inferred)
+        check_tiles(bounds, tile_width, real, tp, cols, inferred)
     token_temperature = None
     if isinstance(temperature, torch.Tensor):  # one per token: the contract's is 1
-        token_temperature, temperature = _token_temperature(temperature, lead_shape), 1.0
+        token_temperature, temperature = token_temperature(temperature, lead_shape), 1.0
     temperature = _temperature(temperature)
     softcap = _softcap(softcap)
 
@@ -258,20 +166,6 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     if cover.layout and tp > 1 and not isinstance(p.dispatch.op, LogprobOp):
         _bind(p, in_token_order(cover))  # a Python-defined backend cannot compare layouts
     return p
-
-
-def _token_temperature(temperature, lead_shape):
-    """A tensor of per-token temperatures (the targets' shape, floating point) as fp32 on the
-    CPU in token order; its values are checked by the operator on every rank."""
-    if not temperature.dtype.is_floating_point:
-        raise LogprobContractError(
-            f"temperature must be a number or a floating-point tensor; got dtype "
-            f"{temperature.dtype}")
-    if tuple(temperature.shape) != lead_shape:
-        raise LogprobContractError(
-            f"a temperature tensor must have the targets' shape {lead_shape} (one per token); "
-            f"got {tuple(temperature.shape)}")
-    return temperature.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
 
 
 def _bind(p, cover):
@@ -322,12 +216,6 @@ def _outputs(fwd, cover, entropy):
     if not entropy:
         return (logp,)
     return logp, from_rows(fwd.entropy, cover)
-
-
-def _row_grad(g, cover):
-    if g is None:
-        return None
-    return to_rows(g.detach().reshape(-1).to(device="cpu", dtype=torch.float32), cover, 0.0)
 
 
 def _python_backend_outputs(prep, logits, group, entropy, entropy_grad):
@@ -431,30 +319,20 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
         if logits.layout != torch.strided:
             raise LogprobContractError(f"logits must be a strided tensor; got {logits.layout}")
         check_bool(deterministic, "deterministic")
-        if not isinstance(targets, torch.Tensor) or not _ops.is_plain(targets):
-            targets = _int_targets(targets, tuple(logits.shape[:-1])).view(logits.shape[:-1])
-        if loss_mask is not None and not isinstance(loss_mask, torch.Tensor):
-            loss_mask = torch.from_numpy(mask_array(loss_mask, "loss_mask"))
-        elif loss_mask is not None and not _ops.is_plain(loss_mask):
-            loss_mask = loss_mask.detach().to_dense().cpu()
+        targets = op_targets(targets, tuple(logits.shape[:-1]))
+        loss_mask = op_mask(loss_mask)
         if cache is not None and not isinstance(cache, CallCache):
             raise LogprobContractError(
                 f"cache must be a detlogp.torch.CallCache or None; got {type(cache).__name__}")
-        if isinstance(vocab_start, (list, tuple)):
-            bounds = [check_int(v, "vocab_start bound") for s, e in vocab_start for v in (s, e)]
-            vocab_start = None
-        else:
-            bounds = None
-            vocab_start = check_optional_int(vocab_start, "vocab_start", "non-negative")
+        vocab_start, bounds = op_vocab_start(vocab_start)
+        scalar_temperature, token_temperatures = op_temperature(temperature)
         args = (
             _ops.group_name(group), check_optional_int(real_vocab, "real_vocab"),
-            check_optional_int(ignore_index, "ignore_index", "int"),
-            1.0 if isinstance(temperature, torch.Tensor) else _temperature(temperature),
+            check_optional_int(ignore_index, "ignore_index", "int"), scalar_temperature,
             entropy, deterministic, vocab_start, bounds,
             check_optional_int(threads, "threads", "non-negative"),
             check_optional_int(tile_width, "tile_width"), entropy_grad,
-            "" if cache is None else cache.op_name, _softcap(softcap),
-            temperature if isinstance(temperature, torch.Tensor) else None)
+            "" if cache is None else cache.op_name, _softcap(softcap), token_temperatures)
     if torch.compiler.is_compiling():
         if return_contract:
             raise LogprobContractError(
