@@ -136,14 +136,14 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
         tile_width = check_int(tile_width, "tile_width", "positive")
     if deterministic and tp > 1:
         check_tiles(bounds, tile_width, real, tp, cols, inferred)
-    token_temperature = None
+    per_token = None
     if isinstance(temperature, torch.Tensor):  # one per token: the contract's is 1
-        token_temperature, temperature = token_temperature(temperature, lead_shape), 1.0
+        per_token, temperature = token_temperature(temperature, lead_shape), 1.0
     temperature = _temperature(temperature)
     softcap = _softcap(softcap)
 
     p = _Prepared()
-    p.token_temperature = token_temperature
+    p.token_temperature = per_token
     p.logits, p.tokens = logits, (flat_targets, active, ign)
     p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,
              softcap)

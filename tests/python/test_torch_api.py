@@ -10,6 +10,7 @@ import detlogp
 import detlogp._comm as dcomm
 from detlogp._call import LogitsCall
 import detlogp.torch as dt
+from detlogp._torch_args import vocab_bounds
 from helpers import assert_bitwise, bits
 
 REAL, V = 1000, 1024
@@ -156,13 +157,13 @@ def test_inferred_bounds_are_megatron_bounds():
         padded, bounds = detlogp.megatron_bounds(real, tp)
         width = padded // tp
         for rank in range(tp):
-            got, got_padded = dt._bounds(None, width, tp, rank)
+            got, got_padded = vocab_bounds(None, width, tp, rank)
             assert got_padded == padded and [tuple(b) for b in got] == \
                 [tuple(b) for b in bounds]
-            assert dt._bounds(rank * width, width, tp, rank)[0] == got
+            assert vocab_bounds(rank * width, width, tp, rank)[0] == got
     with pytest.raises(detlogp.LogprobContractError, match="vocab_start"):
-        dt._bounds(5, 100, 2, 1)
-    assert dt._bounds([(0, 100), (100, 150)], 50, 2, 1) == (((0, 100), (100, 150)), 150)
+        vocab_bounds(5, 100, 2, 1)
+    assert vocab_bounds([(0, 100), (100, 150)], 50, 2, 1) == (((0, 100), (100, 150)), 150)
 
 
 def test_drop_ins_equal_the_contract_api():

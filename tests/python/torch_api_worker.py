@@ -138,17 +138,17 @@ def _failures(rank, out):
     meta = torch.empty(B, S, V // 4, device="meta")
     record_failure(out, "meta tensor on rank 2", lambda: call(x=meta if rank == 2 else local))
 
-    original = dt._active
+    original = dt.active_tokens  # the mask rule (_torch_args.py) as detlogp.torch calls it
 
     def broken(*a, **k):
         raise ValueError("boom on rank 1")
 
     def value_error():
-        dt._active = broken if rank == 1 else original
+        dt.active_tokens = broken if rank == 1 else original
         try:
             call()
         finally:
-            dt._active = original
+            dt.active_tokens = original
 
     record_failure(out, "ValueError on rank 1", value_error)
 
