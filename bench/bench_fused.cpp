@@ -6,12 +6,15 @@
 // wall-clock; the CPU seconds of the process beside them show how much of the machine the run
 // got (on a loaded machine compare the ratios of one run, never runs with each other). Peak
 // resident memory at the end (ru_maxrss) covers the whole process, sgemm's [tokens, vocab]
-// output included: run it once per token count to see what grows. One JSON object on stdout.
+// output included: `--fused-only` runs the fused op alone (no FMA peak, linear_logits or sgemm)
+// for its own memory. bf16 inputs: sgemm runs on their fp32 upcast (the same values and flops;
+// the upcast is not timed). One JSON object on stdout; bench/fused_acceptance.sh runs the set.
 //
 //   bench_fused --tokens 512 --hidden 4096 --vocab 37984 --threads 2 --dtype fp32
 //   bench_fused --tokens 4096 --hidden 2048 --vocab 32768 --threads 2 --dtype fp32
 //   bench_fused ... --vocab 4096 --forward-only     (a quick run: a smaller vocabulary, no
 //   backward)
+//   bench_fused ... --dtype bf16 --fused-only       (the fused op's peak memory alone)
 #include <sys/resource.h>
 #include <time.h>
 
@@ -48,6 +51,7 @@ struct Args {
   std::string dtype = "fp32";
   bool skip_peak = false;
   bool forward_only = false;
+  bool fused_only = false;  // no FMA peak, linear_logits or sgemm: the op's own memory
 };
 
 // The options that take a value, each with where its value goes.
@@ -66,8 +70,9 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--skip-peak" || k == "--forward-only") {
-      (k == "--skip-peak" ? a.skip_peak : a.forward_only) = true;
+    if (k == "--skip-peak" || k == "--forward-only" || k == "--fused-only") {
+      (k == "--skip-peak" ? a.skip_peak : k == "--forward-only" ? a.forward_only : a.fused_only) =
+          true;
       continue;
     }
     const auto* option = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
@@ -128,18 +133,34 @@ Timing best_seconds(int reps, const Fn& fn) {
   return best;
 }
 
+// The fp32 values of a matrix of `dt` (a copy; fp32 input: as is).
+std::vector<float> upcast(DType dt, const std::vector<uint8_t>& m) {
+  const std::size_t n = m.size() / dtype_size(dt);
+  std::vector<float> out(n);
+  if (dt == DType::fp32) {
+    std::memcpy(out.data(), m.data(), n * 4);
+    return out;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, m.data() + i * 2, 2);
+    out[i] = dt == DType::bf16 ? canon::bf16_to_float(h) : canon::fp16_to_float(h);
+  }
+  return out;
+}
+
 // cblas_sgemm of C[tokens, vocab] = hidden @ W.T on `threads` threads: the tuned-BLAS baseline
-// of the same flops as the fused forward. A null time when the bench has no BLAS or the inputs
-// are not fp32.
+// of the same flops as the fused forward (bf16/fp16 inputs: on their fp32 upcast, made before
+// the timing). A null time when the bench has no BLAS.
 std::optional<Timing> sgemm_seconds(const Args& a, DType dt, const std::vector<uint8_t>& hidden,
                                     const std::vector<uint8_t>& weight, std::string* core) {
 #if DETLOGP_BENCH_OPENBLAS
-  if (dt != DType::fp32) return std::nullopt;
   openblas_set_num_threads(a.threads);
   *core = openblas_get_corename();
+  const std::vector<float> x32 = upcast(dt, hidden), w32 = upcast(dt, weight);
   std::vector<float> c(static_cast<std::size_t>(a.tokens * a.vocab));
-  const auto* x = reinterpret_cast<const float*>(hidden.data());
-  const auto* w = reinterpret_cast<const float*>(weight.data());
+  const float* x = x32.data();
+  const float* w = w32.data();
   const auto m = static_cast<blasint>(a.tokens);
   const auto n = static_cast<blasint>(a.vocab);
   const auto k = static_cast<blasint>(a.hidden);
@@ -176,24 +197,28 @@ int main(int argc, char** argv) {
   const double flop = 2.0 * static_cast<double>(a.tokens) * static_cast<double>(a.vocab) *
                       static_cast<double>(a.hidden);
 
-  const double peak1 = a.skip_peak ? 0 : bench::fma_peak_gflops(1, 1.0);
-  const double peak = a.skip_peak ? 0 : bench::fma_peak_gflops(a.threads, 1.0);
+  const bool skip_peak = a.skip_peak || a.fused_only;
+  const double peak1 = skip_peak ? 0 : bench::fma_peak_gflops(1, 1.0);
+  const double peak = skip_peak ? 0 : bench::fma_peak_gflops(a.threads, 1.0);
 
   // linear_logits on a slice of the vocabulary (the [tokens, V] fp32 output would dominate
   // memory): the dot-product kernel alone.
-  const int64_t slice = std::min<int64_t>(padded, 4096);
-  std::vector<float> z(static_cast<std::size_t>(a.tokens * slice));
-  const double lin_s =
-      best_seconds(a.reps, [&] {
-        linear_logits(hv, LogitsView{weight.data(), dt, slice, a.hidden, a.hidden},
-                      MutableLogitsView{z.data(), DType::fp32, a.tokens, slice, slice},
-                      {.threads = a.threads});
-      }).wall;
-  const double lin_gflops =
-      2.0 * static_cast<double>(a.tokens * slice) * static_cast<double>(a.hidden) / lin_s / 1e9;
-  std::vector<float>().swap(z);
+  double lin_gflops = 0;
+  if (!a.fused_only) {
+    const int64_t slice = std::min<int64_t>(padded, 4096);
+    std::vector<float> z(static_cast<std::size_t>(a.tokens * slice));
+    const double lin_s =
+        best_seconds(a.reps, [&] {
+          linear_logits(hv, LogitsView{weight.data(), dt, slice, a.hidden, a.hidden},
+                        MutableLogitsView{z.data(), DType::fp32, a.tokens, slice, slice},
+                        {.threads = a.threads});
+        }).wall;
+    lin_gflops =
+        2.0 * static_cast<double>(a.tokens * slice) * static_cast<double>(a.hidden) / lin_s / 1e9;
+  }
   std::string blas_core;
-  const std::optional<Timing> sgemm = sgemm_seconds(a, dt, hidden, weight, &blas_core);
+  const std::optional<Timing> sgemm =
+      a.fused_only ? std::nullopt : sgemm_seconds(a, dt, hidden, weight, &blas_core);
 
   const LogprobContract c(
       {.role = Role::train,
@@ -240,21 +265,23 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"fused\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"tokens\": %lld, "
       "\"hidden\": %lld, \"local_vocab\": %lld, \"threads\": %d, \"fma_peak_gflops_1t\": %.2f, "
-      "\"fma_peak_gflops\": %.2f, \"blas\": \"%s\", \"sgemm_s\": %s, \"sgemm_cpu_s\": %s, "
+      "\"fma_peak_gflops\": %.2f, \"blas\": \"%s\", \"sgemm_input\": \"%s\", \"sgemm_s\": %s, "
+      "\"sgemm_cpu_s\": %s, "
       "\"sgemm_gflops\": %s, \"linear_logits_gflops\": %.2f, \"forward_s\": %.4f, "
       "\"forward_cpu_s\": %.4f, \"forward_gflops\": %.2f, \"forward_vs_peak\": %.3f, "
       "\"forward_vs_sgemm\": %s, \"backward_s\": %s, \"backward_cpu_s\": %s, "
       "\"backward_vs_forward\": %s, \"forward_backward_s\": %s, \"peak_rss_mb\": %.1f, "
-      "\"inputs_and_grads_mb\": %.1f}\n",
+      "\"inputs_and_grads_mb\": %.1f, \"fused_only\": %s}\n",
       op.kernel_name().c_str(), a.dtype.c_str(), static_cast<long long>(a.tokens),
       static_cast<long long>(a.hidden), static_cast<long long>(a.vocab), a.threads, peak1, peak,
-      sgemm ? ("OpenBLAS " + blas_core).c_str() : "none", json_number(sgemm_s).c_str(),
+      sgemm ? ("OpenBLAS " + blas_core).c_str() : "none",
+      !sgemm ? "none" : dt == DType::fp32 ? "fp32" : "fp32 upcast", json_number(sgemm_s).c_str(),
       json_number(sgemm_cpu_s).c_str(), json_number(sgemm_gflops).c_str(), lin_gflops, fwd_s,
       fwd.cpu, fwd_gflops, peak > 0 ? fwd_gflops / peak : 0.0, json_number(fwd_vs_sgemm).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s)).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd.cpu)).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s / fwd_s)).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(fwd_s + bwd_s)).c_str(),
-      static_cast<double>(ru.ru_maxrss) / 1024.0, floor_mb);
+      static_cast<double>(ru.ru_maxrss) / 1024.0, floor_mb, a.fused_only ? "true" : "false");
   return 0;
 }

@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""PyTorch baseline of the fused lm_head benchmark (bench_fused), same shapes:
+"""The PyTorch side of the fused lm_head benchmark (bench_fused, same shapes): one rank's
+hidden states [tokens, H] and lm_head shard [vocab, H] in fp32 or bf16, in one process:
 
-forward:  logits = hidden @ W.T (fp32), log_softmax, gather of the targets
-backward: autograd of logp.sum() into hidden and W.
-Best of --reps, torch.set_num_threads(--threads); peak resident memory of the process at the
-end (run once per token count). One JSON object on stdout.
+matmul:  ``hidden @ W.T`` alone (torch's own tuned CPU kernels, the input dtype)
+torch:   ``hidden @ W.T -> float -> log_softmax -> gather`` (PyTorch's plain path)
+unfused: ``detlogp.torch.vocab_parallel_logprobs(hidden @ W.T, targets)``: the matmul, the
+         detlogp logits op and, in backward, the op's logit gradient and the two gradient
+         matmuls (autograd through the matmul): the tuned unfused path the fused op replaces
+fused:   ``detlogp.torch.fused_vocab_parallel_logprobs(hidden, W, targets)``
+
+Each mode's forward (under no_grad) and forward + backward of ``logp.sum()`` into both leaves,
+best of --reps, torch.set_num_threads(--threads) (detlogp's kernels take the same count). The
+peak resident memory of the process is reported at the end: to see one mode's memory alone, run
+it alone (``--modes fused``). One JSON object on stdout.
 """
 import json
 import resource
@@ -13,6 +21,8 @@ import time
 import torch
 
 from bench_args import int_options
+
+MODES = ("matmul", "torch", "unfused", "fused")
 
 
 def best(fn, reps):
@@ -27,38 +37,57 @@ def best(fn, reps):
 def main():
     ap = int_options(tokens=512, hidden=4096, vocab=37984, threads=2, reps=1)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated, of " + ", ".join(MODES))
     args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     # The leaves themselves require grad (no second copy of the weight); the forward-only
-    # timing runs them under no_grad.
+    # timings run them under no_grad.
     hidden = torch.randn(args.tokens, args.hidden).to(dtype).requires_grad_(True)
-    weight = (torch.randn(args.vocab, args.hidden) * 0.04).to(dtype).requires_grad_(True)
+    # The weight padded to whole vocab tiles (Megatron's padding: bench_fused does the same);
+    # real_vocab keeps the padding rows out of the softmax.
+    padded = -(-args.vocab // 128) * 128
+    weight = (torch.randn(padded, args.hidden) * 0.04).to(dtype).requires_grad_(True)
     target = (torch.arange(args.tokens) * 7919) % args.vocab
 
-    def forward():
-        with torch.no_grad():
-            z = (hidden @ weight.T).float()
+    def call(mode):
+        if mode == "matmul":
+            return hidden @ weight.T
+        if mode == "torch":
+            z = (hidden @ weight[:args.vocab].T).float()
             return torch.log_softmax(z, -1).gather(1, target[:, None])
+        import detlogp.torch as dt
 
-    fwd = best(forward, args.reps)
-    h, w = hidden, weight
-    state = {}
+        if mode == "unfused":
+            return dt.vocab_parallel_logprobs(hidden @ weight.T, target, real_vocab=args.vocab)
+        return dt.fused_vocab_parallel_logprobs(hidden, weight, target, real_vocab=args.vocab)
 
-    def fwd_bwd():
-        h.grad = None
-        w.grad = None
-        z = (h @ w.T).float()
-        state["logp"] = torch.log_softmax(z, -1).gather(1, target[:, None])
-        state["logp"].sum().backward()
+    out = {"bench": "torch_fused", "dtype": args.dtype, "tokens": args.tokens,
+           "hidden": args.hidden, "local_vocab": args.vocab, "threads": args.threads,
+           "torch": torch.__version__, "modes": modes}
+    for mode in modes:
+        def forward():
+            with torch.no_grad():
+                call(mode)
 
-    total = best(fwd_bwd, args.reps)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"bench": "torch", "dtype": args.dtype, "tokens": args.tokens,
-                      "hidden": args.hidden, "local_vocab": args.vocab, "threads": args.threads,
-                      "torch": torch.__version__, "forward_s": round(fwd, 4),
-                      "forward_backward_s": round(total, 4), "peak_rss_mb": round(rss, 1)}))
+        out[f"{mode}_forward_s"] = round(best(forward, args.reps), 4)
+        if mode == "matmul":
+            continue
+
+        def fwd_bwd():
+            hidden.grad = None
+            weight.grad = None
+            call(mode).sum().backward()
+
+        out[f"{mode}_forward_backward_s"] = round(best(fwd_bwd, args.reps), 4)
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ class _TokensCall:
 
     constant_outputs = ()
 
-    def __init__(self, inner, cover, rows):
+    def __init__(self, inner, cover, rows, entropy):
         self.inner, self.cover, self.rows = inner, cover, rows  # rows: the 2-D view read
+        self.outputs = 3 if entropy else 2  # logp, lse[, entropy]: the op's entropy output
+        # without entropy=True is an empty placeholder, and so is its gradient
         self.contract = getattr(inner, "contract", None)  # None without tokens
 
     def forward(self, inputs):
@@ -62,8 +64,8 @@ class _TokensCall:
     def backward(self, inputs, grads, needs):
         _, weight = inputs
         c = self.cover
-        gh, gw = self.inner.backward((self.rows, weight),
-                                     tuple(row_grad(g, c) for g in grads), needs)
+        gh, gw = self.inner.backward(
+            (self.rows, weight), tuple(row_grad(g, c) for g in grads[:self.outputs]), needs)
         if gh is not None:
             gh = gh.as_strided(c.lead_shape + (c.cols,), c.grad_strides)
         return gh, gw
@@ -117,7 +119,7 @@ def prepare(hidden, weight, targets, loss_mask, group, *, real_vocab, ignore_ind
         entropy=entropy, temperature=temperature if row_temperature is None else row_temperature,
         tile_width=tile_width, ignore_index=ign, validate=validate, threads=threads,
         kernel=kernel, bounds=bounds, softcap=softcap, active=row_active)
-    return _TokensCall(inner, cover, rows)
+    return _TokensCall(inner, cover, rows, entropy)
 
 
 def fused_vocab_parallel_logprobs(hidden, weight, targets, *, group=None, real_vocab=None,

@@ -107,13 +107,18 @@ def test_equals_the_logits_path(layout, dtype, per_token):
 
 def test_ignore_index_alone_and_no_ignore_rule():
     hidden, weight, view, ids, _, _ = _inputs("causal shift", torch.float32, 4)
-    z = detlogp.linear_logits(hidden.reshape(-1, H), weight).view(B, S, V)
     for ignore_index, t in ((-100, ids), (None, ids.clamp(min=0)),
                             (-1, torch.where(ids == -100, -1, ids))):
+        z = detlogp.linear_logits(hidden.reshape(-1, H), weight).view(B, S, V).requires_grad_()
         want = dt.vocab_parallel_logprobs(view(z), t, real_vocab=REAL, ignore_index=ignore_index)
-        got = dt.fused_vocab_parallel_logprobs(view(hidden), weight, t, real_vocab=REAL,
+        h = hidden.clone().requires_grad_()
+        got = dt.fused_vocab_parallel_logprobs(view(h), weight, t, real_vocab=REAL,
                                                ignore_index=ignore_index)
         assert_bitwise(got, want, f"ignore_index={ignore_index}")
+        want.sum().backward()  # without entropy: the op's placeholder output has no gradient
+        got.sum().backward()
+        np.testing.assert_allclose(h.grad.double().numpy(), (z.grad.double() @ weight.double())
+                                   .numpy(), rtol=2e-5, atol=2e-5)
 
 
 def test_outputs_like_the_logits_path():
