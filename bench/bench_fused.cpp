@@ -66,13 +66,21 @@ const std::pair<std::string_view, SetOption> kValueOptions[] = {
     {"--dtype", [](Args& a, const std::string& v) { a.dtype = v; }},
 };
 
+// The options without a value, each with the flag it sets.
+const std::pair<std::string_view, bool Args::*> kFlags[] = {
+    {"--skip-peak", &Args::skip_peak},
+    {"--forward-only", &Args::forward_only},
+    {"--fused-only", &Args::fused_only},
+};
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--skip-peak" || k == "--forward-only" || k == "--fused-only") {
-      (k == "--skip-peak" ? a.skip_peak : k == "--forward-only" ? a.forward_only : a.fused_only) =
-          true;
+    const auto* flag = std::find_if(std::begin(kFlags), std::end(kFlags),
+                                    [&](const auto& f) { return f.first == k; });
+    if (flag != std::end(kFlags)) {
+      a.*(flag->second) = true;
       continue;
     }
     const auto* option = std::find_if(std::begin(kValueOptions), std::end(kValueOptions),
@@ -258,6 +266,7 @@ int main(int argc, char** argv) {
     sgemm_gflops = flop / sgemm->wall / 1e9;
     fwd_vs_sgemm = fwd_gflops / *sgemm_gflops;
   }
+  const char* sgemm_input = !sgemm ? "none" : (dt == DType::fp32 ? "fp32" : "fp32 upcast");
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const double floor_mb =
@@ -274,8 +283,7 @@ int main(int argc, char** argv) {
       "\"inputs_and_grads_mb\": %.1f, \"fused_only\": %s}\n",
       op.kernel_name().c_str(), a.dtype.c_str(), static_cast<long long>(a.tokens),
       static_cast<long long>(a.hidden), static_cast<long long>(a.vocab), a.threads, peak1, peak,
-      sgemm ? ("OpenBLAS " + blas_core).c_str() : "none",
-      !sgemm ? "none" : dt == DType::fp32 ? "fp32" : "fp32 upcast", json_number(sgemm_s).c_str(),
+      sgemm ? ("OpenBLAS " + blas_core).c_str() : "none", sgemm_input, json_number(sgemm_s).c_str(),
       json_number(sgemm_cpu_s).c_str(), json_number(sgemm_gflops).c_str(), lin_gflops, fwd_s,
       fwd.cpu, fwd_gflops, peak > 0 ? fwd_gflops / peak : 0.0, json_number(fwd_vs_sgemm).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s)).c_str(),

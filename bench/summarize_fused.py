@@ -4,7 +4,8 @@
 fused forward >= 70% of sgemm's GFLOP/s, backward <= 3.3x the forward, fused forward + backward
 <= 1.5x the unfused tuned path's. Ratios come from one process each (bench_fused: fused vs
 sgemm; torch_fused_bench.py: fused vs matmul vs unfused); the peak memory columns from runs of
-one path alone."""
+one path alone: bench_fused --fused-only's whole process (the op, its inputs and gradients),
+and each torch path's peak above its process's baseline (torch, detlogp and the inputs)."""
 import sys
 
 from summarize import load
@@ -19,11 +20,13 @@ def main():
     timed = {key(r): r for r in cpp if not r.get("fused_only")}
     alone = {key(r): r for r in cpp if r.get("fused_only")}
     together = {key(r): r for r in torch_rows if len(r["modes"]) > 1}
-    mem = {(key(r), r["modes"][0]): r["peak_rss_mb"] for r in torch_rows if len(r["modes"]) == 1}
+    # One path alone: its peak above the process's baseline (torch, detlogp, the inputs).
+    mem = {(key(r), r["modes"][0]): r["peak_rss_mb"] - r["baseline_rss_mb"]
+           for r in torch_rows if len(r["modes"]) == 1}
     head = ["tokens x H x vocab", "dtype", "fused fwd GFLOP/s", "sgemm GFLOP/s", "fwd/sgemm",
             "torch matmul GFLOP/s", "fwd/matmul", "bwd/fwd wall (CPU s)", "fused fwd+bwd s",
             "unfused fwd+bwd s", "fused/unfused", "torch plain fwd+bwd s",
-            "peak MB op / fused / unfused", "inputs+grads MB"]
+            "peak MB: op / +fused / +unfused", "inputs+grads MB"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     goals = []

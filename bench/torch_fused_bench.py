@@ -11,8 +11,9 @@ fused:   ``detlogp.torch.fused_vocab_parallel_logprobs(hidden, W, targets)``
 
 Each mode's forward (under no_grad) and forward + backward of ``logp.sum()`` into both leaves,
 best of --reps, torch.set_num_threads(--threads) (detlogp's kernels take the same count). The
-peak resident memory of the process is reported at the end: to see one mode's memory alone, run
-it alone (``--modes fused``). One JSON object on stdout.
+peak resident memory of the process is reported at the end, and before the first mode runs
+(``baseline_rss_mb``: torch, detlogp and the inputs): to see one mode's memory alone, run it
+alone (``--modes fused``) and subtract the baseline. One JSON object on stdout.
 """
 import json
 import resource
@@ -71,6 +72,9 @@ def main():
     out = {"bench": "torch_fused", "dtype": args.dtype, "tokens": args.tokens,
            "hidden": args.hidden, "local_vocab": args.vocab, "threads": args.threads,
            "torch": torch.__version__, "modes": modes}
+    if "unfused" in modes or "fused" in modes:
+        import detlogp.torch  # noqa: F401 - imported before the baseline, as torch is
+    out["baseline_rss_mb"] = _peak_rss_mb()  # torch, detlogp and the inputs
     for mode in modes:
         def forward():
             with torch.no_grad():
@@ -86,8 +90,12 @@ def main():
             call(mode).sum().backward()
 
         out[f"{mode}_forward_backward_s"] = round(best(fwd_bwd, args.reps), 4)
-    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+    out["peak_rss_mb"] = _peak_rss_mb()
     print(json.dumps(out))
+
+
+def _peak_rss_mb():
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 
 if __name__ == "__main__":
