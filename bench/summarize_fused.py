@@ -43,7 +43,8 @@ def main():
         bwd = c["backward_vs_forward"]
         bwd_cpu = (c["backward_cpu_s"] / c["forward_cpu_s"]
                    if c.get("backward_cpu_s") is not None else None)
-        fused_fb, unfused_fb = t.get("fused_forward_backward_s"), t.get("unfused_forward_backward_s")
+        fused_fb = t.get("fused_forward_backward_s")
+        unfused_fb = t.get("unfused_forward_backward_s")
         ratio = fused_fb / unfused_fb if fused_fb and unfused_fb else None
         torch_fwd = flop / t["fused_forward_s"] / 1e9 if "fused_forward_s" in t else None
         row = [f"{tokens} x {hidden} x {vocab}", dtype, f(fwd), f(c.get("sgemm_gflops")),

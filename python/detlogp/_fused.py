@@ -9,6 +9,10 @@ thread); the outputs are bit for bit those of ``get_logprob_op(contract)`` appli
 ``linear_logits(hidden, weight_shard)`` (docs/fused.md). ``hidden.grad`` is the full gradient
 (the sum over the whole vocabulary, exchanged over the TP group inside the op): identical on
 every rank, so it must not be all-reduced again. ``weight_shard.grad`` is this rank's shard's.
+
+``detlogp.torch.fused_vocab_parallel_logprobs`` (hidden [..., H] with the conventions of
+``vocab_parallel_logprobs``: _fused_tokens.py) runs through the same ``_prepare``, ``_FusedCall``
+and custom op.
 """
 
 import numpy as np

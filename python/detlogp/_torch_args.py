@@ -13,7 +13,7 @@ import torch
 
 from ._checks import check_int, check_optional_int
 from ._contract import _temperature, megatron_padded_vocab
-from ._detlogp import LogprobContractError, DEFAULT_TILE_WIDTH
+from ._detlogp import DEFAULT_TILE_WIDTH, LogprobContractError
 from ._mask import active_from_mask, mask_array
 from ._ops import is_plain
 
