@@ -23,25 +23,36 @@ def problem():
     return hidden, weight, ids, mask, temps
 
 
-def run(hidden, weight, group, **kwargs):
+def _local(x):
+    return x.to_local() if hasattr(x, "to_local") else x
+
+
+def run(hidden, weight, group, mesh=None, **kwargs):
     """The call on the causal shift of ``hidden`` and backward of a loss over logp and
-    entropy: (logp, entropy, grad_hidden, grad of the weight given)."""
+    entropy: (logp, entropy, grad_hidden, grad of the weight given). ``mesh``: hidden as a
+    DTensor replicated on it (the outputs then DTensors)."""
     import torch
 
     from detlogp.torch import fused_vocab_parallel_logprobs
 
     _, _, ids, mask, temps = problem()
     h = hidden.clone().requires_grad_()
+    if mesh is not None:
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        h = distribute_tensor(hidden, mesh, [Replicate()]).requires_grad_()
     w = weight.detach().clone().requires_grad_() if not hasattr(weight, "device_mesh") else \
         weight
     logp, ent = fused_vocab_parallel_logprobs(
         h[:, :-1], w, ids[:, 1:], group=group, real_vocab=REAL, loss_mask=mask,
         temperature=temps, softcap=30.0, entropy=True, **kwargs)
+    if mesh is not None:
+        assert hasattr(logp, "to_local") and tuple(logp.shape) == (B, S - 1)
+        logp, ent = logp.to_local(), ent.to_local()
     coef = torch.linspace(-1, 1, logp.numel()).view(logp.shape)
     ((coef * logp).sum() + 0.25 * ent.sum()).backward()
-    grad_w = w.grad.to_local() if hasattr(w.grad, "to_local") else w.grad
-    return {"logp": logp.detach(), "entropy": ent.detach(), "grad_hidden": h.grad,
-            "grad_weight": grad_w}
+    return {"logp": logp.detach(), "entropy": ent.detach(), "grad_hidden": _local(h.grad),
+            "grad_weight": _local(w.grad)}
 
 
 def _scenarios(rank, world):
@@ -62,6 +73,8 @@ def _scenarios(rank, world):
         mesh = init_device_mesh("cpu", (world,))
         wd = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
         out["dtensor"] = run(hidden, wd, None)
+        wd = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
+        out["dtensor hidden"] = run(hidden, wd, None, mesh=mesh)
     return out
 
 

@@ -9,8 +9,9 @@
   mapped back through the matmul (float64), bit for bit those of the same tokens passed as a
   contiguous [tokens, H] batch (the view never changes a bit, grad_weight included); unscored
   tokens get logp +0.0 and no gradient through it;
-- TP 1, 2 (even shards, an uneven vocab_start table, a DTensor weight) and 4 over gloo: the
-  same bits of logp, entropy, grad_hidden and each rank's rows of grad_weight;
+- TP 1, 2 (even shards, an uneven vocab_start table, a DTensor weight, DTensor hidden states
+  and outputs) and 4 over gloo: the same bits of logp, entropy, grad_hidden and each rank's
+  rows of grad_weight;
 - errors name the field; no tokens give empty outputs; the op under torch.compile and opcheck.
 """
 
@@ -236,7 +237,8 @@ def test_tp_degrees_give_the_same_bits(tp_ranks):
         for rank, res in enumerate(ranks):
             bounds = {"even": (rank * local, (rank + 1) * local),
                       "table": [(0, 384), (384, fw.V)][rank] if world == 2 else None,
-                      "dtensor": (rank * local, (rank + 1) * local)}
+                      "dtensor": (rank * local, (rank + 1) * local),
+                      "dtensor hidden": (rank * local, (rank + 1) * local)}
             for case, got in res.items():
                 what = f"TP={world} rank {rank} {case}"
                 for name in ("logp", "entropy", "grad_hidden"):
@@ -244,4 +246,4 @@ def test_tp_degrees_give_the_same_bits(tp_ranks):
                 s, e = bounds[case]
                 assert_bitwise(got["grad_weight"], ref["grad_weight"][s:e],
                                f"{what}: grad_weight")
-    assert set(tp_ranks[2][0]) == {"even", "table", "dtensor"}
+    assert set(tp_ranks[2][0]) == {"even", "table", "dtensor", "dtensor hidden"}
