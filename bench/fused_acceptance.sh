@@ -11,7 +11,8 @@
 #   bench/fused_acceptance.sh                 # the full run (minutes: run it on a quiet machine)
 #   bench/fused_acceptance.sh --quick         # small vocabularies and token counts (a smoke run)
 # Environment: BUILD_DIR (default build), PYTHON (default python3, with torch and detlogp's
-# build on PYTHONPATH), THREADS (default 2), REPS (default 1), OUT (default a temporary dir).
+# build on PYTHONPATH), THREADS (default 2), REPS (default 1), OUT (default a temporary dir),
+# SHAPES (other shapes, e.g. "512x4096x8192 1024x2048x8192": tokens x H x vocab).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -26,6 +27,10 @@ if [[ "${1:-}" == "--quick" ]]; then
 elif [[ $# -gt 0 ]]; then
   echo "usage: $0 [--quick]" >&2
   exit 2
+fi
+if [[ -n "${SHAPES:-}" ]]; then
+  shapes=()
+  for s in $SHAPES; do shapes+=("${s//x/ }"); done
 fi
 bench=$BUILD_DIR/bin/bench_fused
 [[ -x $bench ]] || { echo "$bench not found: build the target bench_fused" >&2; exit 2; }

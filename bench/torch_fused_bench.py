@@ -9,7 +9,10 @@ unfused: ``detlogp.torch.vocab_parallel_logprobs(hidden @ W.T, targets)``: the m
          matmuls (autograd through the matmul): the tuned unfused path the fused op replaces
 fused:   ``detlogp.torch.fused_vocab_parallel_logprobs(hidden, W, targets)``
 
-Each mode's forward (under no_grad) and forward + backward of ``logp.sum()`` into both leaves,
+With bf16 inputs torch's matmuls run on the fp32 upcast of hidden and W, made inside the timed
+call (``--bf16-matmul native`` runs them in bf16: torch's CPU bf16 matmul and its backward can
+be one to two orders of magnitude slower where the CPU has no bf16 dot instructions, e.g. on
+AVX2). Each mode's forward (under no_grad) and forward + backward of ``logp.sum()`` into both leaves,
 best of --reps, torch.set_num_threads(--threads) (detlogp's kernels take the same count). The
 peak resident memory of the process is reported at the end, and before the first mode runs
 (``baseline_rss_mb``: torch, detlogp and the inputs): to see one mode's memory alone, run it
@@ -38,6 +41,8 @@ def best(fn, reps):
 def main():
     ap = int_options(tokens=512, hidden=4096, vocab=37984, threads=2, reps=1)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--bf16-matmul", default="fp32", choices=["fp32", "native"],
+                    help="bf16 inputs: torch's matmuls on the fp32 upcast (default) or in bf16")
     ap.add_argument("--modes", default=",".join(MODES),
                     help="comma-separated, of " + ", ".join(MODES))
     args = ap.parse_args()
@@ -57,21 +62,31 @@ def main():
     weight = (torch.randn(padded, args.hidden) * 0.04).to(dtype).requires_grad_(True)
     target = (torch.arange(args.tokens) * 7919) % args.vocab
 
+    def matmul(h, w):
+        """torch's ``h @ w.T``; bf16 inputs on their fp32 upcast unless --bf16-matmul native
+        (the gradients flow back into the bf16 leaves through the upcast)."""
+        if dtype == torch.bfloat16 and args.bf16_matmul == "fp32":
+            return h.float() @ w.float().T
+        return h @ w.T
+
     def call(mode):
         if mode == "matmul":
-            return hidden @ weight.T
+            return matmul(hidden, weight)
         if mode == "torch":
-            z = (hidden @ weight[:args.vocab].T).float()
+            z = matmul(hidden, weight[:args.vocab]).float()
             return torch.log_softmax(z, -1).gather(1, target[:, None])
         import detlogp.torch as dt
 
         if mode == "unfused":
-            return dt.vocab_parallel_logprobs(hidden @ weight.T, target, real_vocab=args.vocab)
+            return dt.vocab_parallel_logprobs(matmul(hidden, weight), target,
+                                              real_vocab=args.vocab)
         return dt.fused_vocab_parallel_logprobs(hidden, weight, target, real_vocab=args.vocab)
 
     out = {"bench": "torch_fused", "dtype": args.dtype, "tokens": args.tokens,
            "hidden": args.hidden, "local_vocab": args.vocab, "threads": args.threads,
-           "torch": torch.__version__, "modes": modes}
+           "torch": torch.__version__, "modes": modes,
+           "matmul_dtype": args.dtype if dtype == torch.float32 or args.bf16_matmul == "native"
+           else "fp32 upcast"}
     if "unfused" in modes or "fused" in modes:
         import detlogp.torch  # noqa: F401 - imported before the baseline, as torch is
     out["baseline_rss_mb"] = _peak_rss_mb()  # torch, detlogp and the inputs
