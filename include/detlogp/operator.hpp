@@ -17,6 +17,7 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/kept_set.hpp"
 #include "detlogp/kernels.hpp"
 
 namespace detlogp {
@@ -47,6 +48,12 @@ struct ForwardOptions {
   // preflight (ContractError ranks_disagree, field "temperature"). Copied: need not outlive the
   // call.
   std::span<const float> row_temperature = {};
+  // Sampling-replay kept sets (detlogp/kept_set.hpp, docs/numerics.md "Kept sets"): when given,
+  // logp, LSE and entropy are over each row's kept set S (logp = z[target] - LSE_S) and backward
+  // writes gradients only into kept columns (+0 elsewhere). Always checked (ContractError, field
+  // "kept_ids"), whatever `validate` says; compared across ranks by the preflight (ranks_disagree,
+  // field "kept_ids"). Copied: need not outlive the call.
+  KeptSetOptions kept = {};
 };
 
 // What backward needs from forward, kept by the LogprobResult (opaque).
@@ -54,9 +61,12 @@ struct SavedForward;
 
 // Outputs of forward, replicated bitwise on every TP rank.
 struct LogprobResult {
-  std::vector<float> logp;                    // [tokens] fp32; exactly 0.0 on inactive tokens
-  std::vector<float> lse;                     // [tokens] fp32; every token, inactive ones included
-  std::vector<float> entropy;                 // [tokens] fp32 when requested, else empty
+  std::vector<float> logp;     // [tokens] fp32; exactly 0.0 on inactive tokens
+  std::vector<float> lse;      // [tokens] fp32; every token, inactive ones included
+  std::vector<float> entropy;  // [tokens] fp32 when requested, else empty
+  // With kept sets: each row's ids ascending, -1 padded, [tokens, kept_width]; else empty, 0.
+  std::vector<int64_t> kept_ids;
+  int64_t kept_width = 0;
   std::shared_ptr<const SavedForward> saved;  // for backward; holds a view of the logits
 };
 
@@ -137,6 +147,11 @@ class VocabParallelLogprob final : public LogprobOp {
   static ForwardTraffic traffic(const LogprobContract& contract, bool deterministic);
 
  private:
+  LogprobResult forward_kept(const LogitsView& local_logits, std::span<const int64_t> targets,
+                             const LogprobContract& contract, Communicator& comm,
+                             const ForwardOptions& options,
+                             std::shared_ptr<SavedForward> saved) const;
+
   const ShardKernels& kernels_;
   std::string backend_id_;
 };

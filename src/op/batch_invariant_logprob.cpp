@@ -46,6 +46,12 @@ LogprobResult BatchInvariantLogprob::forward(const LogitsView& logits,
                                     "contract, or request a vocab-parallel backend",
                                     backend_id_));
   }
+  if (opt.kept.given()) {
+    throw ContractError(ErrorCode::not_supported, "kept_ids",
+                        fmt::format("{} has no kept sets (its capability: supports_kept_sets "
+                                    "false); request a vocab-parallel backend for kept_ids",
+                                    backend_id_));
+  }
   if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr) ||
       logits.row_stride < logits.cols) {
     throw ContractError(

@@ -14,6 +14,7 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/kept_set.hpp"
 
 namespace detlogp::op {
 
@@ -44,6 +45,9 @@ struct PreflightFacts {
   // The call's per-row temperatures (empty: none); the record carries a digest of them. Must
   // outlive run_preflight.
   std::span<const float> row_temperature;
+  // The call's kept sets (ForwardOptions::kept; none when not given); the record carries a
+  // digest of the ids as given, the width and the outside mode. Must outlive run_preflight.
+  KeptSetOptions kept;
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.
   std::optional<std::string> local_error;
@@ -62,7 +66,8 @@ int64_t preflight_record_bytes();
 // rank failed locally; otherwise throws ContractError on every rank. The rank whose local
 // validation failed rethrows its own message. Ranks whose rows layouts differ are reported
 // first, with field "rows_layout" (every other difference follows from it); ranks whose per-row
-// temperatures differ last, with field "temperature".
+// temperatures differ next, with field "temperature"; ranks whose kept sets differ last, with
+// field "kept_ids".
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
 
 // An operator call's first two steps: this rank's local checks, then, whenever the call is

@@ -52,8 +52,8 @@ constexpr const char* kAgreeOn =
     "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
     "reduction, output, temperature, softcap), deterministic mode, tile width, entropy flag, "
     "backend "
-    "id, numerics version, the active targets and the per-row temperatures before any "
-    "collective";
+    "id, numerics version, the active targets, the per-row temperatures and the kept sets "
+    "before any collective";
 
 std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,
                                    const std::function<std::string(const PreflightRecord&)>& show) {
@@ -123,6 +123,18 @@ std::string row_temperature_digest(std::span<const float> row_temperature) {
   return fmt::format("{:016x}{:016x}", a, b);
 }
 
+std::string kept_digest(const KeptSetOptions& kept) {
+  if (!kept.given()) return {};
+  uint64_t a = 0, b = 0;
+  for (std::size_t i = 0; i < kept.ids.size(); ++i) {
+    const auto t = static_cast<uint64_t>(kept.ids[i]);
+    a += mix64(t ^ mix64(i + 0x9e3779b97f4a7c15ULL));
+    b += mix64(t + mix64(i ^ 0xd1b54a32d192ed03ULL) * 3);
+  }
+  return fmt::format("{:016x}{:016x} w{} {}", a, b, kept.width,
+                     kept.outside == OutsideKept::error ? "error" : "neg_inf");
+}
+
 PreflightRecord encode_record(const PreflightFacts& f) {
   PreflightRecord r{};
   put_text(r.phase, std::string(f.phase));
@@ -137,6 +149,7 @@ PreflightRecord encode_record(const PreflightFacts& f) {
     r.has_contract = 1;
   }
   put_text(r.row_temperature_digest, row_temperature_digest(f.row_temperature));
+  put_text(r.kept_digest, kept_digest(f.kept));
   r.tile_width = f.tile_width;
   r.local_begin = f.local_begin;
   r.local_end = f.local_end;
@@ -212,6 +225,14 @@ std::optional<std::string> row_temperature_disagreement(std::span<const Prefligh
   if (all.size() < 2) return std::nullopt;
   return compare("per-row temperatures", all, [](const PreflightRecord& r) {
     const std::string digest = get_text(r.row_temperature_digest);
+    return digest.empty() ? std::string("none") : "digest " + digest;
+  });
+}
+
+std::optional<std::string> kept_disagreement(std::span<const PreflightRecord> all) {
+  if (all.size() < 2) return std::nullopt;
+  return compare("kept sets", all, [](const PreflightRecord& r) {
+    const std::string digest = get_text(r.kept_digest);
     return digest.empty() ? std::string("none") : "digest " + digest;
   });
 }

@@ -30,6 +30,7 @@ struct PreflightRecord {
   std::array<std::array<char, kPartBytes>, kContractPartNames.size()> parts;
   std::array<char, 40> targets_digest;
   std::array<char, 40> row_temperature_digest;  // empty text: no per-row temperatures
+  std::array<char, 48> kept_digest;             // empty text: no kept sets
   std::array<char, 64> rows_layout;
   int64_t tile_width;
   int64_t local_begin;
@@ -55,6 +56,10 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
 // bits); empty for none.
 std::string row_temperature_digest(std::span<const float> row_temperature);
 
+// A digest of kept sets (32 hex digits of the ids as given, in order, then the width and the
+// outside mode); empty for none.
+std::string kept_digest(const KeptSetOptions& kept);
+
 PreflightRecord encode_record(const PreflightFacts& facts);
 
 // The text after "cross-rank preflight failed: " when the ranks are in different calls (one in
@@ -74,5 +79,9 @@ std::optional<std::string> first_disagreement(std::span<const PreflightRecord> a
 // The text after "cross-rank preflight failed: " when the ranks' per-row temperatures differ
 // (or some pass them and others do not), else nullopt. Checked after first_disagreement.
 std::optional<std::string> row_temperature_disagreement(std::span<const PreflightRecord> all);
+
+// The text after "cross-rank preflight failed: " when the ranks' kept sets differ (or some pass
+// them and others do not), else nullopt. Checked after row_temperature_disagreement.
+std::optional<std::string> kept_disagreement(std::span<const PreflightRecord> all);
 
 }  // namespace detlogp::op

@@ -20,7 +20,12 @@ struct SavedForward {
   bool entropy_grad = false;  // entropy computed and differentiable (ForwardOptions)
   const ShardKernels* kernels = nullptr;
   ExecOptions exec;
-  std::vector<float> lse;  // copies of the forward outputs backward needs
+  std::vector<int64_t> kept;  // resolved kept ids [rows, kept_width] (empty: no kept sets)
+  int64_t kept_width = 0;
+  int64_t kept_begin = 0;  // global id of the shard's column 0
+  int64_t real_vocab = 0;
+  std::vector<uint8_t> outside_kept;  // 1 on active rows whose target is outside the kept set
+  std::vector<float> lse;             // copies of the forward outputs backward needs
   std::vector<float> entropy;
 };
 

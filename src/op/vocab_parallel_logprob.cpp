@@ -10,6 +10,7 @@
 #include "numerics/canon.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
+#include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
 #include "op/saved_forward.hpp"
 
@@ -154,9 +155,11 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   facts.contract = &c;
   facts.targets = targets;
   facts.row_temperature = opt.row_temperature;
+  facts.kept = opt.kept;
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     check_mode(c, opt.deterministic);
     check_invocation(logits, targets, c, comm, opt.validate, opt.row_temperature);
+    if (opt.kept.given()) op::check_kept_ids(opt.kept, rows, targets, c);
   });
 
   // 3. This rank's node partials and its copies of the targets it owns. Deterministic: the
@@ -187,6 +190,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   }
   saved->row_temperature.assign(opt.row_temperature.begin(), opt.row_temperature.end());
   saved->spec.row_temperature = saved->row_temperature;
+  if (opt.kept.given()) return forward_kept(logits, targets, c, comm, opt, std::move(saved));
   std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
   if (!local_nodes.empty()) {
     kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
@@ -233,6 +237,40 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   return out;
 }
 
+// Forward over kept sets (docs/numerics.md "Kept sets"): no node partials of the vocabulary,
+// only the kept scores, one all-gather of [rows, width] floats.
+LogprobResult VocabParallelLogprob::forward_kept(const LogitsView& logits,
+                                                 std::span<const int64_t> targets,
+                                                 const LogprobContract& c, Communicator& comm,
+                                                 const ForwardOptions& opt,
+                                                 std::shared_ptr<SavedForward> saved) const {
+  const ShardingSpec& sh = c.sharding();
+  const int64_t width = opt.kept.width;
+  saved->kept = op::resolve_kept_ids(opt.kept.ids, logits.rows, width);
+  saved->kept_width = width;
+  saved->kept_begin = sh.local_vocab_start();
+  saved->real_vocab = sh.real_vocab_size();
+  const ShardSpec& spec = saved->spec;
+  op::KeptOutputs kept = op::kept_forward(
+      comm, sh, kernels_, saved->kept, width, targets, saved->active, opt.entropy,
+      [&](std::span<const int64_t> cols, std::span<float> z) {
+        kernels_.read_target_logits(logits, spec, cols, z);
+      },
+      opt.exec);
+  if (opt.validate) op::check_finite_lse(c.mask().active_mask(), kept.lse, "local_logits");
+  LogprobResult out;
+  out.logp = std::move(kept.logp);
+  out.lse = std::move(kept.lse);
+  out.entropy = std::move(kept.entropy);
+  out.kept_ids = saved->kept;
+  out.kept_width = width;
+  saved->outside_kept = std::move(kept.outside);
+  saved->lse = out.lse;
+  if (saved->entropy_grad) saved->entropy = out.entropy;
+  out.saved = std::move(saved);
+  return out;
+}
+
 void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads& g,
                                     const MutableLogitsView& grad) const {
   const SavedForward& s =
@@ -247,7 +285,7 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
   }
   op::check_logits_grad(grad, s.logits);
   // Inactive rows get no logp gradient (but do get the LSE and entropy gradients).
-  const std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, s.active);
+  std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, s.active);
   // LSE and entropy from the saved copies: the result's public vectors may have been moved.
   BackwardInputs in{.lse = s.lse,
                     .entropy = s.entropy,
@@ -255,6 +293,14 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
                     .grad_logp = g_logp,
                     .grad_lse = g.grad_lse,
                     .grad_entropy = g.grad_entropy};
+  if (s.kept_width > 0) {
+    // A row whose target is outside its kept set (OutsideKept::neg_inf) gets no logp gradient.
+    for (std::size_t i = 0; i < g_logp.size(); ++i) {
+      if (s.outside_kept[i]) g_logp[i] = 0.0f;
+    }
+    op::kept_backward(s.logits, s.spec, s.kept, s.kept_width, s.kept_begin, s.real_vocab, in, grad);
+    return;
+  }
   s.kernels->backward(s.logits, s.spec, in, grad, s.exec);
 }
 
