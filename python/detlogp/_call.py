@@ -69,11 +69,11 @@ class LogitsCall:
 
     __slots__ = ("cpp", "backend_id", "platform", "logits", "view", "targets", "contract",
                  "comm", "deterministic", "validate", "entropy", "entropy_grad", "threads",
-                 "rows_layout", "row_temperature")
+                 "rows_layout", "row_temperature", "kept_ids", "outside_neg_inf")
 
     def __init__(self, *, cpp, backend_id, platform, logits, view, targets, contract, comm,
                  deterministic, validate, entropy, entropy_grad, threads, rows_layout="",
-                 row_temperature=None):
+                 row_temperature=None, kept_ids=None, outside_neg_inf=False):
         self.cpp, self.backend_id, self.platform = cpp, backend_id, platform
         self.logits, self.view, self.targets = logits, view, targets
         self.contract, self.comm = contract, comm
@@ -81,6 +81,8 @@ class LogitsCall:
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.rows_layout = rows_layout
         self.row_temperature = row_temperature  # float32 [rows] or None: the contract's
+        self.kept_ids = kept_ids  # int64 [rows, K] (-1 padded) or None: the full vocabulary
+        self.outside_neg_inf = outside_neg_inf  # a target outside its kept set: -inf, not error
 
     def _forward(self):
         with on_device(self.logits, self.platform):
@@ -89,7 +91,8 @@ class LogitsCall:
                 contract=self.contract._cpp, comm=self.comm, deterministic=self.deterministic,
                 validate=self.validate, entropy=self.entropy, threads=self.threads,
                 entropy_grad=self.entropy_grad, rows_layout=self.rows_layout,
-                row_temperature=self.row_temperature)
+                row_temperature=self.row_temperature, kept_ids=self.kept_ids,
+                outside_neg_inf=self.outside_neg_inf)
         return LogprobForward(handle, self.logits, self.platform, self.backend_id)
 
     def run(self, again=None):

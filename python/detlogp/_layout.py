@@ -154,10 +154,11 @@ def cover_view(x, cover):
 
 
 def to_rows(values, cover, fill):
-    """Per-token values (flattened, token order) as per-cover-row values (holes get fill)."""
+    """Per-token values (flattened, token order; [tokens] or [tokens, K]) as per-cover-row
+    values (holes get fill)."""
     if cover.identity:
         return values
-    out = torch.full((cover.rows,), fill, dtype=values.dtype)
+    out = torch.full((cover.rows,) + tuple(values.shape[1:]), fill, dtype=values.dtype)
     out[cover.token_rows] = values
     return out
 

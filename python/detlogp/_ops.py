@@ -119,13 +119,15 @@ def vocab_parallel_logprobs(
         entropy: bool, deterministic: bool, vocab_start: Optional[int],
         vocab_bounds: Optional[list[int]], threads: Optional[int], tile_width: Optional[int],
         entropy_grad: bool, cache: str, softcap: Optional[float],
-        row_temperature: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+        row_temperature: Optional[Tensor] = None, kept_ids: Optional[Tensor] = None,
+        outside_neg_inf: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """(logp, entropy or an empty tensor, saved state) of ``detlogp.torch``'s call."""
     from . import torch as api
 
     call = api._op_call(logits, targets, loss_mask, group, real_vocab, ignore_index,
                         temperature, entropy, deterministic, vocab_start, vocab_bounds,
-                        threads, tile_width, entropy_grad, cache, softcap, row_temperature)
+                        threads, tile_width, entropy_grad, cache, softcap, row_temperature,
+                        kept_ids, outside_neg_inf)
     outputs = call.forward((logits,))
     ent = outputs[1] if entropy else torch.zeros(0, dtype=torch.float32, device=logits.device)
     return outputs[0], ent, _save(call)
@@ -134,7 +136,7 @@ def vocab_parallel_logprobs(
 @vocab_parallel_logprobs.register_fake
 def _(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
       deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad, cache,
-      softcap, row_temperature=None):
+      softcap, row_temperature=None, kept_ids=None, outside_neg_inf=False):
     logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
     ent = logp.new_empty(logits.shape[:-1] if entropy else (0,))
     return logp, ent, _saved_like(logits)
@@ -174,7 +176,7 @@ def _logprobs_backward(ctx, grad_logp, grad_entropy, grad_saved):
     grad = None
     if grad_logp is not None or grad_entropy is not None:
         grad = vocab_parallel_logprobs_backward(logits, saved, grad_logp, grad_entropy)
-    return (grad,) + (None,) * 16
+    return (grad,) + (None,) * 18
 
 
 vocab_parallel_logprobs.register_autograd(_logprobs_backward, setup_context=_logprobs_setup)

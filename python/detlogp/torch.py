@@ -37,6 +37,7 @@ from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._fused_tokens import fused_vocab_parallel_logprobs  # its drop-in for this API
 from detlogp._group import resolve_group
+from detlogp._kept import kept_argument, outside_neg_inf, token_kept
 from detlogp._layout import (cover_view, from_rows, in_token_order, logits_cover, row_grad,
                              to_rows)
 from detlogp._op import LogprobOp, get_logprob_op
@@ -65,7 +66,7 @@ class _Prepared:
     __slots__ = ("call", "view", "targets", "contract", "dispatch", "cover", "comm", "threads",
                  "deterministic", "cache", "dtype", "device", "logits", "tokens", "key",
                  "make_sharding", "platform", "entropy", "entropy_grad", "fwd",
-                 "constant_outputs", "token_temperature")
+                 "constant_outputs", "token_temperature", "token_kept", "outside_neg_inf")
 
     @property
     def empty(self):
@@ -113,7 +114,7 @@ class _Prepared:
 
 def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
              temperature, deterministic, vocab_start, threads, tile_width, entropy,
-             entropy_grad, softcap=None):
+             entropy_grad, softcap=None, kept_ids=None, outside_neg_inf=False):
     if not isinstance(logits, torch.Tensor):
         raise LogprobContractError(f"logits must be a torch.Tensor; got {type(logits).__name__}")
     platform = platform_of(logits, "logits")
@@ -144,6 +145,9 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
 
     p = _Prepared()
     p.token_temperature = per_token
+    kept_argument(kept_ids, lead_shape)
+    p.token_kept = None if kept_ids is None else token_kept(kept_ids)
+    p.outside_neg_inf = outside_neg_inf
     p.logits, p.tokens = logits, (flat_targets, active, ign)
     p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,
              softcap)
@@ -194,12 +198,18 @@ def _bind(p, cover):
             raise LogprobContractError(
                 f"backend {p.dispatch.actual_backend} (defined in Python) takes no per-token "
                 "temperature; pass temperature as a number")
+        if p.token_kept is not None:
+            raise LogprobContractError(
+                f"backend {p.dispatch.actual_backend} (defined in Python) takes no kept_ids; "
+                "call without kept_ids, or dispatch a backend defined in C++")
         p.call = None
         return
     # Rows that are no token (holes in the cover) get 1: any valid value (their outputs are
     # never read).
     row_temperature = None if p.token_temperature is None else \
         to_rows(p.token_temperature, cover, 1.0).numpy()
+    # Rows that are no token get an empty set (-1 only): they are inactive.
+    kept_rows = None if p.token_kept is None else to_rows(p.token_kept, cover, -1).numpy()
     # The rows layout matters to the preflight only (TP > 1); a Python-defined backend never
     # gets one (its rows are read in token order: _prepare).
     # entropy_grad=False: the operator keeps no entropy for backward (a constant).
@@ -208,7 +218,8 @@ def _bind(p, cover):
         view=tensor_view(p.view, dtype), targets=p.targets, contract=contract, comm=p.comm,
         deterministic=deterministic, validate=True, entropy=p.entropy,
         entropy_grad=p.entropy_grad or not p.entropy, threads=p.threads,
-        rows_layout=cover.layout if tp > 1 else "", row_temperature=row_temperature)
+        rows_layout=cover.layout if tp > 1 else "", row_temperature=row_temperature,
+        kept_ids=kept_rows, outside_neg_inf=p.outside_neg_inf)
 
 
 def _outputs(fwd, cover, entropy):
@@ -255,7 +266,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                             ignore_index=-100, temperature=1.0, entropy=False,
                             deterministic=True, vocab_start=None, threads=None,
                             tile_width=None, entropy_grad=True, return_contract=False,
-                            cache=None, softcap=None):
+                            cache=None, softcap=None, kept_ids=None, outside_kept="error"):
     """Selected-token log-probabilities over a vocab-sharded (TP) vocabulary, bit-for-bit the
     same at every TP degree, with autograd.
 
@@ -280,6 +291,12 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     ``temperature``: a number, or a floating-point tensor of the targets' shape giving each
     token its own (finite, > 0; no gradient flows to it): a token gets the bits of a call
     whose temperature is its own (docs/numerics.md, "Per-row temperature").
+    ``kept_ids`` (None: the full vocabulary): sampling-replay kept sets, an int32/int64 tensor
+    of the targets' shape plus a last dimension K (each token's kept vocabulary ids, any order,
+    -1 padded, K <= 1024): logp and entropy are then over each token's kept set S (``logp =
+    z[target] - logsumexp_S(z)``, docs/numerics.md "Kept sets") and the gradient flows only into
+    kept columns. ``outside_kept``: "error" (a target outside its set raises) or "neg_inf"
+    (its logp is -inf, with no gradient).
 
     Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
@@ -293,18 +310,20 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
             loss_mask=loss_mask, real_vocab=real_vocab, ignore_index=ignore_index,
             temperature=temperature, entropy=entropy, deterministic=deterministic,
             threads=threads, tile_width=tile_width, entropy_grad=entropy_grad,
-            return_contract=return_contract, cache=cache, softcap=softcap)
+            return_contract=return_contract, cache=cache, softcap=softcap, kept_ids=kept_ids,
+            outside_kept=outside_kept)
     group = resolve_group(group, "vocab_parallel_logprobs")
     return _logprobs(logits, targets, group, real_vocab=real_vocab, loss_mask=loss_mask,
                      ignore_index=ignore_index, temperature=temperature, entropy=entropy,
                      deterministic=deterministic, vocab_start=vocab_start, threads=threads,
                      tile_width=tile_width, entropy_grad=entropy_grad,
-                     return_contract=return_contract, cache=cache, softcap=softcap)
+                     return_contract=return_contract, cache=cache, softcap=softcap,
+                     kept_ids=kept_ids, outside_kept=outside_kept)
 
 
 def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, temperature,
               entropy, deterministic, vocab_start, threads, tile_width, entropy_grad,
-              return_contract, cache, softcap):
+              return_contract, cache, softcap, kept_ids, outside_kept):
     """``vocab_parallel_logprobs`` over a resolved ``group``: its arguments checked and put
     in the op's schema types, then the op ``detlogp::vocab_parallel_logprobs`` (_ops.py), whose
     implementation is ``_op_call``. This is what ``torch.compile`` traces."""
@@ -332,7 +351,8 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
             entropy, deterministic, vocab_start, bounds,
             check_optional_int(threads, "threads", "non-negative"),
             check_optional_int(tile_width, "tile_width"), entropy_grad,
-            "" if cache is None else cache.op_name, _softcap(softcap), token_temperatures)
+            "" if cache is None else cache.op_name, _softcap(softcap), token_temperatures,
+            kept_argument(kept_ids, tuple(logits.shape[:-1])), outside_neg_inf(outside_kept))
     if torch.compiler.is_compiling():
         if return_contract:
             raise LogprobContractError(
@@ -377,7 +397,7 @@ _LAST = _Last()  # the contract of this thread's last call (return_contract=True
 
 def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
              deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad,
-             cache, softcap, row_temperature):
+             cache, softcap, row_temperature, kept_ids=None, outside_neg_inf=False):
     """The implementation of the op ``detlogp::vocab_parallel_logprobs`` up to its forward: the
     ``_Prepared`` call (checked, converted, bound to its contract and dispatch)."""
     cache = DEFAULT_CACHE if not cache else _ops.named(cache)
@@ -391,7 +411,8 @@ def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temper
                         loss_mask=loss_mask, ignore_index=ignore_index,
                         temperature=temperature, deterministic=deterministic,
                         vocab_start=vocab_start, threads=threads, tile_width=tile_width,
-                        entropy=entropy, entropy_grad=entropy_grad, softcap=softcap)
+                        entropy=entropy, entropy_grad=entropy_grad, softcap=softcap,
+                        kept_ids=kept_ids, outside_neg_inf=outside_neg_inf)
     _LAST.contract = prep.contract
     if not prep.empty and prep.call is None:
         raise _PythonDefined(prep)

@@ -49,23 +49,35 @@ struct ForwardHandle {
   bool entropy = false;
 };
 
-std::shared_ptr<ForwardHandle> run_forward(const std::shared_ptr<LogprobOp>& op,
-                                           const RawView& logits, py::object owner,
-                                           const I64Array& targets, const LogprobContract& contract,
-                                           const std::shared_ptr<Communicator>& comm,
-                                           bool deterministic, bool validate, bool entropy,
-                                           int threads, bool entropy_grad,
-                                           const std::string& rows_layout,
-                                           const std::optional<F32Array>& row_temperature) {
+// The kept sets of a call: none, or [rows, width] ids (-1 padded).
+detlogp::KeptSetOptions kept_options(const std::optional<I64Array>& ids, bool outside_neg_inf) {
+  if (!ids) return {};
+  return {.ids = span_of(*ids),
+          .width = ids->ndim() == 2 ? static_cast<int64_t>(ids->shape(1)) : 0,
+          .outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf : detlogp::OutsideKept::error};
+}
+
+std::shared_ptr<ForwardHandle> run_forward(
+    const std::shared_ptr<LogprobOp>& op, const RawView& logits, py::object owner,
+    const I64Array& targets, const LogprobContract& contract,
+    const std::shared_ptr<Communicator>& comm, bool deterministic, bool validate, bool entropy,
+    int threads, bool entropy_grad, const std::string& rows_layout,
+    const std::optional<F32Array>& row_temperature, const std::optional<I64Array>& kept_ids,
+    bool outside_neg_inf) {
   if (!op) throw ContractError("op must be a LogprobOp");
   const detlogp::LogitsView view = detlogp_python::view_of(logits, kLogitsDtype);
+  if (kept_ids && kept_ids->ndim() != 2) {
+    throw ContractError(detlogp::ErrorCode::wrong_shape, "kept_ids",
+                        "kept_ids must be 2-D [rows, width] (-1 padded)");
+  }
   const detlogp::ForwardOptions opt{.deterministic = deterministic,
                                     .validate = validate,
                                     .entropy = entropy,
                                     .entropy_grad = entropy_grad,
                                     .exec = {.threads = threads},
                                     .rows_layout = rows_layout,
-                                    .row_temperature = span_of(row_temperature)};
+                                    .row_temperature = span_of(row_temperature),
+                                    .kept = kept_options(kept_ids, outside_neg_inf)};
   if (row_temperature && row_temperature->ndim() != 1) {
     throw ContractError("row_temperature must be 1-D [rows]");
   }
@@ -154,7 +166,8 @@ void bind_op(py::module_& m) {
       .def("forward", &run_forward, py::kw_only(), py::arg("logits"), py::arg("owner"),
            py::arg("targets"), py::arg("contract"), py::arg("comm"), py::arg("deterministic"),
            py::arg("validate"), py::arg("entropy"), py::arg("threads"), py::arg("entropy_grad"),
-           py::arg("rows_layout"), py::arg("row_temperature") = py::none());
+           py::arg("rows_layout"), py::arg("row_temperature") = py::none(),
+           py::arg("kept_ids") = py::none(), py::arg("outside_neg_inf") = false);
 
   m.def("in_process_forward", &in_process_forward, py::kw_only(), py::arg("op"), py::arg("dtype"),
         py::arg("shards"), py::arg("contracts"), py::arg("targets"), py::arg("deterministic"),

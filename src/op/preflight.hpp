@@ -46,7 +46,8 @@ struct PreflightFacts {
   // outlive run_preflight.
   std::span<const float> row_temperature;
   // The call's kept sets (ForwardOptions::kept; none when not given); the record carries a
-  // digest of the ids as given, the width and the outside mode. Must outlive run_preflight.
+  // digest of each row's set (not of the order of its ids) and the outside mode. Must outlive
+  // run_preflight.
   KeptSetOptions kept;
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.

@@ -125,13 +125,18 @@ std::string row_temperature_digest(std::span<const float> row_temperature) {
 
 std::string kept_digest(const KeptSetOptions& kept) {
   if (!kept.given()) return {};
+  // Per row a sum over its ids (-1 skipped): the same for any order of a row's ids, different
+  // for another set in the row.
   uint64_t a = 0, b = 0;
-  for (std::size_t i = 0; i < kept.ids.size(); ++i) {
-    const auto t = static_cast<uint64_t>(kept.ids[i]);
-    a += mix64(t ^ mix64(i + 0x9e3779b97f4a7c15ULL));
-    b += mix64(t + mix64(i ^ 0xd1b54a32d192ed03ULL) * 3);
+  const std::size_t width = kept.width > 0 ? static_cast<std::size_t>(kept.width) : 1;
+  for (std::size_t k = 0; k < kept.ids.size(); ++k) {
+    if (kept.ids[k] == -1) continue;
+    const auto t = static_cast<uint64_t>(kept.ids[k]);
+    const uint64_t row = k / width;
+    a += mix64(t ^ mix64(row + 0x9e3779b97f4a7c15ULL));
+    b += mix64(t + mix64(row ^ 0xd1b54a32d192ed03ULL) * 3);
   }
-  return fmt::format("{:016x}{:016x} w{} {}", a, b, kept.width,
+  return fmt::format("{:016x}{:016x} {}", a, b,
                      kept.outside == OutsideKept::error ? "error" : "neg_inf");
 }
 

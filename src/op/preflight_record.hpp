@@ -56,8 +56,8 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
 // bits); empty for none.
 std::string row_temperature_digest(std::span<const float> row_temperature);
 
-// A digest of kept sets (32 hex digits of the ids as given, in order, then the width and the
-// outside mode); empty for none.
+// A digest of kept sets: 32 hex digits of each row's set (whatever the order of its ids and the
+// padding), then the outside mode; empty for none.
 std::string kept_digest(const KeptSetOptions& kept);
 
 PreflightRecord encode_record(const PreflightFacts& facts);
