@@ -18,6 +18,7 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/kept_set.hpp"
 #include "detlogp/kernels.hpp"
 #include "detlogp/operator.hpp"
 
@@ -44,6 +45,10 @@ struct FusedOptions {
   // Per-row temperatures, as ForwardOptions::row_temperature: empty, or one finite value > 0
   // per row of the hidden states (the contract's temperature must then be 1). Copied.
   std::span<const float> row_temperature = {};
+  // Sampling-replay kept sets, as ForwardOptions::kept (detlogp/kept_set.hpp): logp, LSE and
+  // entropy over each row's kept set; backward's grad_weight has nonzero rows only for kept
+  // ids, and grad_hidden sums over kept columns only. Copied.
+  KeptSetOptions kept = {};
 };
 
 // What backward needs from forward (opaque): views of the hidden states and weight shard (never
@@ -54,6 +59,9 @@ struct FusedLogprobResult {
   std::vector<float> logp;     // [tokens]; exactly 0.0 on inactive tokens
   std::vector<float> lse;      // [tokens]
   std::vector<float> entropy;  // [tokens] when requested
+  // With kept sets: each row's ids ascending, -1 padded, [tokens, kept_width]; else empty, 0.
+  std::vector<int64_t> kept_ids;
+  int64_t kept_width = 0;
   std::shared_ptr<const FusedSavedForward> saved;
 };
 

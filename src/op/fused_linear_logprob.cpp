@@ -13,6 +13,8 @@
 #include "detlogp/version.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
+#include "op/kept_fused.hpp"
+#include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
 #include "op/vocab_layout.hpp"
 
@@ -32,6 +34,9 @@ struct FusedSavedForward {
   std::vector<float> lse;
   std::vector<float> entropy;
   std::vector<float> row_temperature;  // what shard.row_temperature views (or empty)
+  std::vector<int64_t> kept;           // resolved kept ids [rows, kept_width], or empty
+  int64_t kept_width = 0;
+  std::vector<uint8_t> outside_kept;  // 1 on active rows whose target is outside its set
 };
 
 namespace {
@@ -116,12 +121,14 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   const std::string backend = backend_with_hidden(hidden.cols);
   op::PreflightFacts facts = op::call_facts(op::kFusedForwardPhase, c, backend, opt.entropy, rows);
   facts.row_temperature = opt.row_temperature;
+  facts.kept = opt.kept;
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     if (opt.row_block <= 0) {
       throw ContractError(ErrorCode::out_of_range, "row_block",
                           fmt::format("row_block = {} must be positive", opt.row_block));
     }
     check_invocation(hidden, weight, targets, c, comm, opt.validate, opt.row_temperature);
+    if (opt.kept.given()) op::check_kept_ids(opt.kept, rows, targets, c);
   });
 
   // This rank's node partials (its canonical cover) and the target logits it owns.
@@ -146,6 +153,28 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   f.active = owners.active;
   f.has_entropy = opt.entropy;
   f.exec = opt.exec;
+  if (opt.kept.given()) {  // only the kept scores: no node partials of the vocabulary
+    f.kept = op::resolve_kept_ids(opt.kept.ids, rows, opt.kept.width);
+    f.kept_width = opt.kept.width;
+    op::KeptOutputs kept = op::kept_forward(
+        comm, sh, kernels_->shard_kernels(), f.kept, f.kept_width, targets, f.active, opt.entropy,
+        [&](std::span<const int64_t> cols, std::span<float> z) {
+          kernels_->read_target_logits(f.shard, cols, z);
+        },
+        opt.exec);
+    if (opt.validate) op::check_finite_lse(c.mask().active_mask(), kept.lse, "hidden");
+    FusedLogprobResult out;
+    out.logp = std::move(kept.logp);
+    out.lse = std::move(kept.lse);
+    out.entropy = std::move(kept.entropy);
+    out.kept_ids = f.kept;
+    out.kept_width = f.kept_width;
+    f.outside_kept = std::move(kept.outside);
+    f.lse = out.lse;
+    f.entropy = out.entropy;
+    out.saved = std::move(saved);
+    return out;
+  }
   const std::vector<TreeNode>& cover = f.covers.of_rank[sh.tp_rank()];
   std::vector<NodePartial> local(static_cast<std::size_t>(rows) * cover.size());
   kernels_->node_partials(f.shard, cover, opt.entropy, local, opt.exec);
@@ -216,7 +245,10 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
 
   // This rank's grad_weight and the grad_hidden sum of each node of its cover, padded to the
   // widest cover so that every rank sends a block of the same size.
-  const std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, f.active);
+  std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, f.active);
+  for (std::size_t i = 0; i < f.outside_kept.size() && !g_logp.empty(); ++i) {
+    if (f.outside_kept[i]) g_logp[i] = 0.0f;  // a target outside its kept set: no logp gradient
+  }
   const BackwardInputs in{.lse = f.lse,
                           .entropy = f.entropy,
                           .target_local = f.target_local,
@@ -227,8 +259,13 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
   const std::size_t width = f.covers.widest();
   const auto plane = static_cast<std::size_t>(rows * hs);  // one [rows, H] sum
   std::vector<float> send(want_hidden ? width * plane : 0, 0.0f);
-  f.kernels->backward(f.shard, cover, in, grad_weight,
-                      std::span<float>(send).first(want_hidden ? cover.size() * plane : 0), f.exec);
+  const std::span<float> own_sums =
+      std::span<float>(send).first(want_hidden ? cover.size() * plane : 0);
+  if (f.kept_width > 0) {
+    op::kept_fused_backward(f.shard, f.kept, f.kept_width, cover, in, grad_weight, own_sums);
+  } else {
+    f.kernels->backward(f.shard, cover, in, grad_weight, own_sums, f.exec);
+  }
   if (!want_hidden) return;
 
   // Every rank's node sums, merged by the canonical tree on every rank alike.
