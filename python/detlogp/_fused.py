@@ -25,6 +25,7 @@ from ._comm import communicator_for, exclusive, peers_fail_on_error
 from ._contract import LogprobContract, MaskSpec, ShardingSpec, _softcap, _temperature
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
+from ._kept import kept_argument, outside_neg_inf, token_kept
 from ._names import lent, named
 from ._storage import check_stamp, stamp
 
@@ -129,8 +130,10 @@ class _FusedCall:
     constant_outputs = ()
 
     def __init__(self, op, hv, wv, targets, contract, comm, entropy, validate, threads,
-                 row_temperature=None):
+                 row_temperature=None, kept_ids=None, outside_neg_inf=False):
         self.op, self.hv, self.wv, self.targets = op, hv, wv, targets
+        self.kept_ids = kept_ids  # int64 [tokens, K] (-1 padded) or None: the full vocabulary
+        self.outside_neg_inf = outside_neg_inf
         self.row_temperature = row_temperature  # float32 [tokens] or None: the contract's
         self.contract, self.comm = contract, comm
         self.entropy, self.validate, self.threads = entropy, validate, threads
@@ -142,7 +145,8 @@ class _FusedCall:
             op=self.op, hidden=self.hv, weight=self.wv, owners=(hidden, weight),
             targets=self.targets, contract=self.contract._cpp, comm=self.comm,
             entropy=self.entropy, validate=self.validate, threads=self.threads,
-            row_temperature=self.row_temperature))
+            row_temperature=self.row_temperature, kept_ids=self.kept_ids,
+            outside_neg_inf=self.outside_neg_inf))
 
     def forward(self, inputs):
         hidden, weight = inputs
@@ -187,7 +191,8 @@ class _NoTokensCall:
 
 def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=None, contract=None,
                           entropy=False, temperature=1.0, tile_width=None, ignore_index=-100,
-                          validate=True, threads=0, kernel="", softcap=None):
+                          validate=True, threads=0, kernel="", softcap=None, kept_ids=None,
+                          outside_kept="error"):
     """``(logp, lse)`` or ``(logp, lse, entropy)`` (fp32 [tokens], replicated on every TP rank)
     of ``softmax(hidden @ weight.T / temperature)`` over the real vocabulary.
 
@@ -203,7 +208,12 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     ``softcap`` (None: no cap; only without ``contract``): scores use
     ``softcap * tanh(logits / softcap) / temperature``. ``temperature``: a number, or a tensor or
     array of one float per token (finite, > 0; the contract's temperature must then be 1): a
-    token gets the bits of a call whose temperature is its own.
+    token gets the bits of a call whose temperature is its own. ``kept_ids`` (None: the full
+    vocabulary): sampling-replay kept sets, int32/int64 [tokens, K] (each token's kept ids, any
+    order, -1 padded, K <= 1024): logp, LSE and entropy are over each token's kept set
+    (docs/numerics.md "Kept sets"), ``weight.grad`` is nonzero only on kept rows.
+    ``outside_kept``: "error" (a target outside its set raises) or "neg_inf" (logp -inf, no
+    logp gradient).
 
     Torch tensors that require grad get autograd: ``hidden.grad`` (the full gradient, already
     summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
@@ -218,16 +228,18 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
             _fused_call, hidden, weight, targets, group=group, contract=contract,
             real_vocab=real_vocab, entropy=entropy, temperature=temperature,
             tile_width=tile_width, ignore_index=ignore_index, validate=validate,
-            threads=threads, kernel=kernel, softcap=softcap)
+            threads=threads, kernel=kernel, softcap=softcap, kept_ids=kept_ids,
+            outside_kept=outside_kept)
     return _fused_call(hidden, weight, targets, group=group, real_vocab=real_vocab,
                        contract=contract, entropy=entropy, temperature=temperature,
                        tile_width=tile_width, ignore_index=ignore_index, validate=validate,
-                       threads=threads, kernel=kernel, softcap=softcap)
+                       threads=threads, kernel=kernel, softcap=softcap, kept_ids=kept_ids,
+                       outside_kept=outside_kept)
 
 
 def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperature,
                 tile_width, ignore_index, validate, threads, kernel, contract=None, bounds=None,
-                softcap=None):
+                softcap=None, kept_ids=None, outside_kept="error"):
     """``fused_linear_logprobs`` on plain tensors; ``bounds``: every rank's weight rows
     (default: even shards)."""
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
@@ -260,7 +272,8 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
             real_vocab = check_optional_int(real_vocab, "real_vocab")
             rest += (None if bounds is None else
                      [check_int(v, "bounds") for b in bounds for v in b], _softcap(softcap),
-                     row_temperature)
+                     row_temperature, None, None, False,  # loss_mask, vocab_start, leading_dims
+                     _kept_tensor(kept_ids, hidden), outside_neg_inf(outside_kept))
         if contract is None:
             logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets, group_name,
                                                            real_vocab, "", *rest)
@@ -273,7 +286,8 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
     call = _prepare(hidden, weight, targets, group, real_vocab=real_vocab, contract=contract,
                     entropy=entropy, temperature=temperature, tile_width=tile_width,
                     ignore_index=ignore_index, validate=validate, threads=threads,
-                    kernel=kernel, bounds=bounds, softcap=softcap)
+                    kernel=kernel, bounds=bounds, softcap=softcap, kept_ids=kept_ids,
+                    outside_neg_inf=outside_neg_inf(outside_kept))
     if isinstance(call, _NoTokensCall):
         if not is_tensor(hidden):
             return tuple(np.zeros(0, dtype=np.float32) for _ in range(call.n))
@@ -286,6 +300,14 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
                     (lambda a: a))
 
 
+def _kept_tensor(kept_ids, hidden):
+    """The op's kept_ids: None, or the checked ids as a torch tensor."""
+    kept_argument(kept_ids, tuple(hidden.shape[:1]))
+    if kept_ids is None or is_tensor(kept_ids):
+        return kept_ids
+    return torch_module().from_numpy(token_kept(kept_ids))
+
+
 def _kernel(kernel):
     if not isinstance(kernel, str):
         raise LogprobContractError(f"kernel must be a string; got {type(kernel).__name__}")
@@ -294,7 +316,7 @@ def _kernel(kernel):
 
 def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, bounds=None, softcap=None,
-             active=None):
+             active=None, kept_ids=None, outside_neg_inf=False):
     """The call of ``fused_linear_logprobs`` over a resolved ``group``: a ``_FusedCall``, or a
     ``_NoTokensCall`` once every rank agreed that none has tokens. ``bounds``: every rank's
     weight rows (None: even shards); ``active``: which rows are scored (None: those whose
@@ -311,6 +333,8 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
         row_temperature = None
         if is_tensor(temperature) or isinstance(temperature, np.ndarray):
             row_temperature, temperature = _token_temperature(temperature, len(tg)), 1.0
+        kept_argument(kept_ids, (hv[2],))
+        kept = None if kept_ids is None else token_kept(kept_ids)
         no_tokens = hv[2] == 0 and len(tg) == 0 and contract is None
         if contract is None:
             comm = None if group is None else communicator_for(group, 2)
@@ -332,12 +356,13 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
         join_without_tokens(comm)
         return _NoTokensCall(hidden, weight, 3 if entropy else 2)
     return _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads,
-                      row_temperature)
+                      row_temperature, kept, outside_neg_inf)
 
 
 def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, vocab_bounds, softcap,
-             row_temperature, loss_mask=None, vocab_start=None, leading_dims=False):
+             row_temperature, loss_mask=None, vocab_start=None, leading_dims=False,
+             kept_ids=None, outside_neg_inf=False):
     """The implementation of the op ``detlogp::fused_linear_logprobs`` up to its forward.
     ``leading_dims``: the call of ``fused_vocab_parallel_logprobs`` (hidden [..., H], targets,
     ``loss_mask`` and ``vocab_start`` as ``detlogp.torch`` reads them: _fused_tokens.py)."""
@@ -347,6 +372,10 @@ def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temp
     if row_temperature is not None:  # one per token (the op's scalar is then 1)
         temperature = row_temperature
     if leading_dims:
+        if kept_ids is not None:
+            raise LogprobContractError(
+                "kept_ids: fused_vocab_parallel_logprobs takes no kept sets; call "
+                "fused_linear_logprobs (hidden [tokens, H]) or vocab_parallel_logprobs")
         from . import _fused_tokens
 
         return _fused_tokens.prepare(
@@ -358,4 +387,4 @@ def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temp
                     contract=named(contract) if contract else None, entropy=entropy,
                     temperature=temperature, tile_width=tile_width, ignore_index=ignore_index,
                     validate=validate, threads=threads, kernel=kernel, bounds=bounds,
-                    softcap=softcap)
+                    softcap=softcap, kept_ids=kept_ids, outside_neg_inf=outside_neg_inf)

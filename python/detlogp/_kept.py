@@ -1,11 +1,12 @@
-"""Sampling-replay kept sets as the torch entry points take them (``kept_ids=``,
-``outside_kept=``), read one way by ``vocab_parallel_logprobs`` and ``fused_linear_logprobs``:
-per token the vocabulary ids the rollout engine kept, an integer tensor of the targets' shape
-plus one last dimension K, padded with -1, any order (docs/numerics.md, "Kept sets"). The
-operator checks the ids themselves on every rank (field "kept_ids")."""
+"""Sampling-replay kept sets as the entry points take them (``kept_ids=``, ``outside_kept=``),
+read one way by ``detlogp.torch.vocab_parallel_logprobs`` and ``fused_linear_logprobs``: per
+token the vocabulary ids the rollout engine kept, int32 or int64 values of the targets' shape
+plus one last dimension K >= 1, padded with -1, in any order (docs/numerics.md, "Kept sets").
+The operator checks the ids themselves on every rank (field "kept_ids")."""
 
-import torch
+import numpy as np
 
+from ._buffers import is_tensor
 from ._detlogp import LogprobContractError
 
 __all__ = ["kept_argument", "outside_neg_inf", "token_kept"]
@@ -15,16 +16,18 @@ _OUTSIDE = {"error": False, "neg_inf": True}
 
 def kept_argument(kept_ids, lead_shape):
     """``kept_ids`` checked against the targets' shape ``lead_shape``: None, or an int32 /
-    int64 tensor of shape ``lead_shape + (K,)`` with 1 <= K (the op's argument, as given)."""
+    int64 torch tensor (or NumPy array) of shape ``lead_shape + (K,)``, K >= 1; returned as
+    given."""
     if kept_ids is None:
         return None
-    if not isinstance(kept_ids, torch.Tensor):
+    if not (is_tensor(kept_ids) or isinstance(kept_ids, np.ndarray)):
         raise LogprobContractError(
-            f"kept_ids must be a torch.Tensor of int32 or int64 ids (-1 padded); got "
+            f"kept_ids must be a tensor of int32 or int64 ids (-1 padded); got "
             f"{type(kept_ids).__name__}")
-    if kept_ids.dtype not in (torch.int32, torch.int64):
+    dtype = str(kept_ids.dtype).replace("torch.", "")
+    if dtype not in ("int32", "int64"):
         raise LogprobContractError(
-            f"kept_ids must hold int32 or int64 ids (-1 padded); got dtype {kept_ids.dtype}")
+            f"kept_ids must hold int32 or int64 ids (-1 padded); got dtype {dtype}")
     lead = tuple(lead_shape)
     shape = tuple(kept_ids.shape)
     if len(shape) != len(lead) + 1 or shape[:-1] != lead or shape[-1] < 1:
@@ -44,6 +47,6 @@ def outside_neg_inf(outside_kept):
 
 
 def token_kept(kept_ids):
-    """The op's ``kept_ids`` tensor as int64 [tokens, K] on the CPU, in token order."""
-    return kept_ids.detach().reshape(-1, kept_ids.shape[-1]).to(device="cpu",
-                                                                 dtype=torch.int64)
+    """Checked ``kept_ids`` as a contiguous int64 NumPy array [tokens, K], in token order."""
+    a = kept_ids.detach().cpu().numpy() if is_tensor(kept_ids) else kept_ids
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=np.int64)

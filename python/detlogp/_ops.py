@@ -193,7 +193,8 @@ def fused_linear_logprobs(
         vocab_bounds: Optional[list[int]], softcap: Optional[float],
         row_temperature: Optional[Tensor] = None, loss_mask: Optional[Tensor] = None,
         vocab_start: Optional[int] = None,
-        leading_dims: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        leading_dims: bool = False, kept_ids: Optional[Tensor] = None,
+        outside_neg_inf: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(logp, lse, entropy or an empty tensor, saved state) of ``fused_linear_logprobs``
     (hidden [tokens, H]) or, with ``leading_dims``, of ``fused_vocab_parallel_logprobs``
     (hidden [..., H]: outputs of its leading shape); ``vocab_bounds``: every rank's weight
@@ -203,7 +204,7 @@ def fused_linear_logprobs(
     call = _fused._op_call(hidden, weight, targets, group, real_vocab, contract, entropy,
                            temperature, tile_width, ignore_index, validate, threads, kernel,
                            vocab_bounds, softcap, row_temperature, loss_mask, vocab_start,
-                           leading_dims)
+                           leading_dims, kept_ids, outside_neg_inf)
     outputs = call.forward((hidden, weight))
     ent = outputs[2] if entropy else torch.zeros(0, dtype=torch.float32)
     return outputs[0], outputs[1], ent, _save(call)
@@ -212,7 +213,8 @@ def fused_linear_logprobs(
 @fused_linear_logprobs.register_fake
 def _(hidden, weight, targets, group, real_vocab, contract, entropy, temperature, tile_width,
       ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature=None,
-      loss_mask=None, vocab_start=None, leading_dims=False):
+      loss_mask=None, vocab_start=None, leading_dims=False, kept_ids=None,
+      outside_neg_inf=False):
     logp = hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
     return (logp, torch.empty_like(logp), logp.new_empty(hidden.shape[:-1] if entropy else (0,)),
             _saved_like(hidden))
@@ -261,7 +263,7 @@ def _fused_backward(ctx, grad_logp, grad_lse, grad_entropy, grad_saved):
             grad_logp is None and grad_lse is None and grad_entropy is None):
         gh, gw = fused_linear_logprobs_backward(hidden, weight, saved, grad_logp, grad_lse,
                                                 grad_entropy, want_hidden, want_weight)
-    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 17
+    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 19
 
 
 fused_linear_logprobs.register_autograd(_fused_backward, setup_context=_fused_setup)

@@ -146,7 +146,7 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     p = _Prepared()
     p.token_temperature = per_token
     kept_argument(kept_ids, lead_shape)
-    p.token_kept = None if kept_ids is None else token_kept(kept_ids)
+    p.token_kept = None if kept_ids is None else torch.from_numpy(token_kept(kept_ids))
     p.outside_neg_inf = outside_neg_inf
     p.logits, p.tokens = logits, (flat_targets, active, ign)
     p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,

@@ -33,6 +33,7 @@ namespace {
 
 using detlogp_python::F32Array;
 using detlogp_python::I64Array;
+using detlogp_python::kept_options;
 using detlogp_python::mutable_view_of;
 using detlogp_python::RawView;
 using detlogp_python::span_of;
@@ -58,13 +59,12 @@ void with_comm(const std::shared_ptr<detlogp::Communicator>& comm,
   fn(comm ? *comm : static_cast<detlogp::Communicator&>(self));
 }
 
-std::shared_ptr<FusedHandle> fused_forward(const FusedDispatch& dispatch, const RawView& hidden,
-                                           const RawView& weight, py::object owners,
-                                           const I64Array& targets,
-                                           const detlogp::LogprobContract& contract,
-                                           const std::shared_ptr<detlogp::Communicator>& comm,
-                                           bool entropy, bool validate, int threads,
-                                           const std::optional<F32Array>& row_temperature) {
+std::shared_ptr<FusedHandle> fused_forward(
+    const FusedDispatch& dispatch, const RawView& hidden, const RawView& weight, py::object owners,
+    const I64Array& targets, const detlogp::LogprobContract& contract,
+    const std::shared_ptr<detlogp::Communicator>& comm, bool entropy, bool validate, int threads,
+    const std::optional<F32Array>& row_temperature, const std::optional<I64Array>& kept_ids,
+    bool outside_neg_inf) {
   if (row_temperature && row_temperature->ndim() != 1) {
     throw detlogp::ContractError("row_temperature must be 1-D [tokens]");
   }
@@ -76,13 +76,15 @@ std::shared_ptr<FusedHandle> fused_forward(const FusedDispatch& dispatch, const 
   const detlogp::LogitsView hv = view_of(hidden, "hidden dtype");
   const detlogp::LogitsView wv = view_of(weight, "weight dtype");
   const std::span<const int64_t> tg = span_of(targets);
+  const detlogp::KeptSetOptions kept = kept_options(kept_ids, outside_neg_inf);
   py::gil_scoped_release nogil;
   with_comm(comm, [&](detlogp::Communicator& c) {
     h->result = h->op->forward(hv, wv, tg, contract, c,
                                {.validate = validate,
                                 .entropy = entropy,
                                 .exec = {.threads = threads},
-                                .row_temperature = span_of(row_temperature)});
+                                .row_temperature = span_of(row_temperature),
+                                .kept = kept});
   });
   return h;
 }
@@ -140,7 +142,8 @@ void bind_fused(py::module_& m) {
   m.def("fused_forward", &fused_forward, py::kw_only(), py::arg("op"), py::arg("hidden"),
         py::arg("weight"), py::arg("owners"), py::arg("targets"), py::arg("contract"),
         py::arg("comm"), py::arg("entropy"), py::arg("validate"), py::arg("threads"),
-        py::arg("row_temperature") = py::none());
+        py::arg("row_temperature") = py::none(), py::arg("kept_ids") = py::none(),
+        py::arg("outside_neg_inf") = false);
   m.def("linear_logits", &linear_logits, py::kw_only(), py::arg("hidden"), py::arg("weight"),
         py::arg("out"), py::arg("threads"), py::arg("kernel"));
   m.def("fused_kernel_names", &detlogp::fused_kernel_names);

@@ -35,6 +35,7 @@ using detlogp::LogprobContract;
 using detlogp::LogprobOp;
 using detlogp_python::F32Array;
 using detlogp_python::I64Array;
+using detlogp_python::kept_options;
 using detlogp_python::RawView;
 using detlogp_python::span_of;
 using detlogp_python::to_numpy;
@@ -49,14 +50,6 @@ struct ForwardHandle {
   bool entropy = false;
 };
 
-// The kept sets of a call: none, or [rows, width] ids (-1 padded).
-detlogp::KeptSetOptions kept_options(const std::optional<I64Array>& ids, bool outside_neg_inf) {
-  if (!ids) return {};
-  return {.ids = span_of(*ids),
-          .width = ids->ndim() == 2 ? static_cast<int64_t>(ids->shape(1)) : 0,
-          .outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf : detlogp::OutsideKept::error};
-}
-
 std::shared_ptr<ForwardHandle> run_forward(
     const std::shared_ptr<LogprobOp>& op, const RawView& logits, py::object owner,
     const I64Array& targets, const LogprobContract& contract,
@@ -66,10 +59,6 @@ std::shared_ptr<ForwardHandle> run_forward(
     bool outside_neg_inf) {
   if (!op) throw ContractError("op must be a LogprobOp");
   const detlogp::LogitsView view = detlogp_python::view_of(logits, kLogitsDtype);
-  if (kept_ids && kept_ids->ndim() != 2) {
-    throw ContractError(detlogp::ErrorCode::wrong_shape, "kept_ids",
-                        "kept_ids must be 2-D [rows, width] (-1 padded)");
-  }
   const detlogp::ForwardOptions opt{.deterministic = deterministic,
                                     .validate = validate,
                                     .entropy = entropy,

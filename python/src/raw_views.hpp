@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "detlogp/enums.hpp"
+#include "detlogp/errors.hpp"
 #include "detlogp/operator.hpp"
 
 namespace detlogp_python {
@@ -54,6 +55,19 @@ inline std::span<const int64_t> span_of(const I64Array& a) {
 inline std::span<const float> span_of(const std::optional<F32Array>& a) {
   if (!a) return {};
   return {a->data(), static_cast<std::size_t>(a->size())};
+}
+
+// The kept sets of a call (detlogp/kept_set.hpp): none, or [rows, width] ids, -1 padded.
+inline detlogp::KeptSetOptions kept_options(const std::optional<I64Array>& ids,
+                                            bool outside_neg_inf) {
+  if (!ids) return {};
+  if (ids->ndim() != 2) {
+    throw detlogp::ContractError(detlogp::ErrorCode::wrong_shape, "kept_ids",
+                                 "kept_ids must be 2-D [rows, width] (-1 padded)");
+  }
+  return {.ids = span_of(*ids),
+          .width = static_cast<int64_t>(ids->shape(1)),
+          .outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf : detlogp::OutsideKept::error};
 }
 
 // An fp32 per-token output as a fresh NumPy array (outputs are [tokens], never [tokens, V]).

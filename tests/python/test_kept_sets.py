@@ -202,3 +202,66 @@ def test_tp_over_gloo_gives_the_tp1_bits_and_disagreement_fails_together(ranks):
         got = res["different sets"]
         assert "kept sets" in got.get("error", ""), got
         assert got["field"] == "kept_ids"
+
+
+def _fused_inputs(seed=3, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(6, 24, generator=gen)).to(dtype)
+    weight = (torch.randn(PADDED, 24, generator=gen) * 0.5).to(dtype)
+    targets = torch.randint(0, REAL, (6,), generator=gen)
+    return hidden, weight, targets, kept_sets(targets, gen, 50, REAL)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fused_equals_the_logits_call_on_linear_logits(compiled):
+    from detlogp.torch import fused_linear_logprobs, linear_logits
+
+    hidden, weight, targets, kept = _fused_inputs()
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_()
+
+    def fused(h, w, t, k):
+        return fused_linear_logprobs(h, w, t, real_vocab=REAL, entropy=True, tile_width=128,
+                                     kept_ids=k, softcap=6.0)
+
+    fn = torch.compile(fused, backend="aot_eager", fullgraph=True) if compiled else fused
+    logp, lse, ent = fn(h, w, targets, kept)
+    (logp.sum() + lse.sum() + 0.5 * ent.sum()).backward()
+    z = linear_logits(hidden, weight).requires_grad_()
+    l_logp, l_ent = vocab_parallel_logprobs(z, targets, real_vocab=REAL, entropy=True,
+                                            tile_width=128, kept_ids=kept, softcap=6.0)
+    assert_bitwise(logp.detach(), l_logp.detach())
+    assert_bitwise(ent.detach(), l_ent.detach())
+    # Only the weight rows of kept ids get a gradient.
+    kept_rows = torch.zeros(PADDED, dtype=torch.bool)
+    kept_rows[kept[kept >= 0]] = True
+    assert torch.equal(bits(w.grad[~kept_rows]), torch.zeros_like(bits(w.grad[~kept_rows])))
+    assert (w.grad[kept_rows].float().abs().sum(1) > 0).all()
+    assert torch.isfinite(h.grad.float()).all()
+
+
+def test_fused_numpy_and_errors():
+    from detlogp.torch import fused_linear_logprobs
+
+    hidden, weight, targets, kept = _fused_inputs(dtype=torch.float32)
+    want = fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL, kept_ids=kept)
+    got = fused_linear_logprobs(hidden.numpy(), weight.numpy(), targets.numpy(), real_vocab=REAL,
+                                kept_ids=kept.numpy())
+    assert_bitwise(want[0], torch.from_numpy(got[0]))
+    bad = kept.clone()
+    bad[4] = torch.where(bad[4] == targets[4], -1, bad[4])
+    with pytest.raises(LogprobContractError) as info:
+        fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL, kept_ids=bad)
+    assert info.value.field == "kept_ids" and "row 4: target id" in str(info.value)
+    logp, _ = fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL, kept_ids=bad,
+                                    outside_kept="neg_inf")
+    assert logp[4].item() == float("-inf")
+    with pytest.raises(LogprobContractError, match="targets' shape"):
+        fused_linear_logprobs(hidden, weight, targets, real_vocab=REAL, kept_ids=kept[:3])
+
+
+def test_opcheck_fused_with_kept_ids():
+    hidden, weight, targets, kept = _fused_inputs(dtype=torch.float32)
+    args = (hidden.requires_grad_(), weight.requires_grad_(), targets, "", REAL, "", True, 1.0,
+            64, -100, True, None, "", None, None, None, None, None, False, kept, False)
+    torch.library.opcheck(_ops.fused_linear_logprobs, args)
