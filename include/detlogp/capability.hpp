@@ -47,6 +47,10 @@ struct CapabilityParams {
   std::optional<std::vector<int64_t>> tile_widths = std::nullopt;
   bool supports_temperature = false;  // temperature != 1
   bool supports_softcap = false;      // a logit softcap
+  // Sampling-replay kept sets (ForwardOptions::kept / FusedOptions::kept): a call option, not a
+  // contract field, so incompatibilities() never names it; the operator refuses kept sets on
+  // kernels without them (ContractError not_supported, field "kept_ids").
+  bool supports_kept_sets = false;
   std::set<ReductionOrder> reduction_orders = {ReductionOrder::canonical_tile_tree};  // non-empty
 };
 
@@ -68,6 +72,7 @@ class BackendCapability {
   const std::optional<std::vector<int64_t>>& tile_widths() const { return p_.tile_widths; }
   bool supports_temperature() const { return p_.supports_temperature; }
   bool supports_softcap() const { return p_.supports_softcap; }
+  bool supports_kept_sets() const { return p_.supports_kept_sets; }
   const std::set<ReductionOrder>& reduction_orders() const { return p_.reduction_orders; }
 
   // Every reason this backend cannot serve `contract` (empty: it can), in this order:

@@ -24,7 +24,8 @@ inline constexpr std::string_view kCpuFusedReferenceBackendId = "cpu-fused-linea
 
 // What the fused op serves: every role and dtype, any TP and CP degree, vocab padding, both
 // mask modes, LSE export, both determinism scopes (it always runs the canon), any tile width,
-// temperature; the canonical tile tree. The same as the canonical logits backends.
+// temperature, the softcap, kept sets; the canonical tile tree. The same as the canonical logits
+// backends.
 BackendCapability fused_linear_logprob_capability(
     ImplementationKind kind = ImplementationKind::production,
     std::string_view backend_id = kCpuFusedBackendId);

@@ -96,6 +96,12 @@ class ShardKernels {
   virtual void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
                                   std::span<const int64_t> target_local,
                                   std::span<float> out) const;
+
+  // Whether the operator may run kept sets over these kernels (it then reads the kept scores
+  // through read_target_logits and writes the kept gradient columns in host memory): true for
+  // host-memory kernels; a backend whose shard lives elsewhere returns false, and a call with
+  // kept sets is refused (docs/numerics.md "Kept sets").
+  virtual bool supports_kept_sets() const { return true; }
 };
 
 // z of each row's target (fp32, softcapped, divided by the temperature) read from the shard, for

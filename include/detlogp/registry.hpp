@@ -82,11 +82,12 @@ Backend cpu_backend(std::string name, std::string backend_id, std::string_view k
 
 // Everything the canon offers: every role and dtype, any TP and CP degree, vocab padding, both
 // mask modes, LSE export, both determinism scopes, any tile width, temperature, the logit
-// softcap when `softcap` (the CPU kernels run it; the CUDA kernels do not, and declare false);
+// softcap when `softcap` (the CPU kernels run it; the CUDA kernels do not, and declare false),
+// kept sets when `kept_sets` (likewise);
 // the canonical tile tree. What a backend that runs the whole canon declares (the canonical CPU
 // backends, the fused lm_head, CUDA).
 BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind,
-                                   bool softcap = true);
+                                   bool softcap = true, bool kept_sets = true);
 
 // What one of those operators serves, as the capability it declares when registered under
 // `backend_id` with `kind` (the built-in backends declare exactly this).

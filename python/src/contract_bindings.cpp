@@ -242,7 +242,8 @@ void bind_capability(py::module_& m) {
                        bool exports_vocab_lse, const std::vector<std::string>& determinism_scopes,
                        const std::string& implementation_kind,
                        std::optional<std::vector<int64_t>> tile_widths, bool supports_temperature,
-                       const std::vector<std::string>& reduction_orders, bool supports_softcap) {
+                       const std::vector<std::string>& reduction_orders, bool supports_softcap,
+                       bool supports_kept_sets) {
              using namespace detlogp;
              return BackendCapability(
                  {.backend_id = backend_id,
@@ -259,6 +260,7 @@ void bind_capability(py::module_& m) {
                   .tile_widths = std::move(tile_widths),
                   .supports_temperature = supports_temperature,
                   .supports_softcap = supports_softcap,
+                  .supports_kept_sets = supports_kept_sets,
                   .reduction_orders =
                       parse_set<ReductionOrder>(reduction_orders, "reduction_orders")});
            }),
@@ -266,7 +268,8 @@ void bind_capability(py::module_& m) {
            py::arg("tp_world_sizes"), py::arg("cp_world_sizes"), py::arg("supports_vocab_padding"),
            py::arg("mask_modes"), py::arg("exports_vocab_lse"), py::arg("determinism_scopes"),
            py::arg("implementation_kind"), py::arg("tile_widths"), py::arg("supports_temperature"),
-           py::arg("reduction_orders"), py::arg("supports_softcap") = false)
+           py::arg("reduction_orders"), py::arg("supports_softcap") = false,
+           py::arg("supports_kept_sets") = false)
       .def_property_readonly("backend_id", &BackendCapability::backend_id)
       .def("incompatibilities", &BackendCapability::incompatibilities, py::arg("contract"))
       .def("supports", &BackendCapability::supports, py::arg("contract"))

@@ -187,6 +187,7 @@ nlohmann::json capability_to_json(const BackendCapability& cap) {
           {"tile_widths", list_or_null(cap.tile_widths())},
           {"supports_temperature", cap.supports_temperature()},
           {"supports_softcap", cap.supports_softcap()},
+          {"supports_kept_sets", cap.supports_kept_sets()},
           {"reduction_orders", sorted_values(cap.reduction_orders())}};
 }
 

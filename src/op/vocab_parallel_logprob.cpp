@@ -159,7 +159,15 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     check_mode(c, opt.deterministic);
     check_invocation(logits, targets, c, comm, opt.validate, opt.row_temperature);
-    if (opt.kept.given()) op::check_kept_ids(opt.kept, rows, targets, c);
+    if (opt.kept.given()) {
+      if (!kernels_.supports_kept_sets()) {
+        throw ContractError(ErrorCode::not_supported, "kept_ids",
+                            fmt::format("{} ({}) has no kept sets (supports_kept_sets false); "
+                                        "call without kept_ids or use a CPU backend",
+                                        backend_id_, kernels_.name()));
+      }
+      op::check_kept_ids(opt.kept, rows, targets, c);
+    }
   });
 
   // 3. This rank's node partials and its copies of the targets it owns. Deterministic: the

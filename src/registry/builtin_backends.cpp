@@ -48,7 +48,7 @@ void check_kernels(std::string_view kernels) {
 }  // namespace
 
 BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind,
-                                   bool softcap) {
+                                   bool softcap, bool kept_sets) {
   return BackendCapability(
       {.backend_id = std::string(backend_id),
        .roles = kAllRoles,
@@ -59,7 +59,8 @@ BackendCapability canon_capability(std::string_view backend_id, ImplementationKi
        .determinism_scopes = {DeterminismScope::cross_tp_bitwise, DeterminismScope::fixed_topology},
        .implementation_kind = kind,
        .supports_temperature = true,
-       .supports_softcap = softcap});
+       .supports_softcap = softcap,
+       .supports_kept_sets = kept_sets});
 }
 
 BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,

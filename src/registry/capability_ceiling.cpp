@@ -78,6 +78,7 @@ void check_within_provided(std::string_view backend, const BackendCapability& c,
   check_sizes(backend, "tile_widths", c.tile_widths(), p.tile_widths());
   check_flag(backend, "supports_temperature", c.supports_temperature(), p.supports_temperature());
   check_flag(backend, "supports_softcap", c.supports_softcap(), p.supports_softcap());
+  check_flag(backend, "supports_kept_sets", c.supports_kept_sets(), p.supports_kept_sets());
 }
 
 }  // namespace detlogp

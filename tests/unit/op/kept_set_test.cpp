@@ -13,6 +13,8 @@
 #include <numeric>
 #include <set>
 
+#include "detlogp/fused_dispatch.hpp"
+#include "detlogp/registry.hpp"
 #include "op_test_util.hpp"
 
 namespace detlogp::testing {
@@ -523,6 +525,60 @@ TEST(KeptSet, BadInputsFailOnEveryRank) {
       EXPECT_EQ(e.field(), "kept_ids");
     }
   });
+}
+
+}  // namespace
+}  // namespace detlogp::testing
+
+namespace detlogp::testing {
+namespace {
+
+// Kernels whose shard is not host memory (as the CUDA kernels): they declare no kept sets.
+class NoKeptSets final : public ShardKernels {
+ public:
+  std::string name() const override { return "no-kept-sets"; }
+  void node_partials(const LogitsView& shard, const ShardSpec& spec,
+                     std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
+                     const ExecOptions& exec) const override {
+    simd_kernels().node_partials(shard, spec, nodes, with_entropy, out, exec);
+  }
+  void merge_roots(const TileGeometry& geometry, std::span<const TreeNode> nodes,
+                   std::span<const NodePartial> partials, int64_t rows, RootsOut roots,
+                   const ExecOptions& exec) const override {
+    simd_kernels().merge_roots(geometry, nodes, partials, rows, roots, exec);
+  }
+  void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
+                const MutableLogitsView& grad, const ExecOptions& exec) const override {
+    simd_kernels().backward(shard, spec, in, grad, exec);
+  }
+  bool supports_kept_sets() const override { return false; }
+};
+
+// The capabilities say who has kept sets; kernels without them refuse a call on every rank.
+TEST(KeptSet, CapabilityAndKernelsWithoutKeptSets) {
+  EXPECT_TRUE(cpu_kernels_capability("canonical", "c", ImplementationKind::production)
+                  .supports_kept_sets());
+  EXPECT_TRUE(
+      cpu_kernels_capability("reference", "r", ImplementationKind::reference).supports_kept_sets());
+  EXPECT_FALSE(cpu_kernels_capability("batch_invariant", "b", ImplementationKind::production)
+                   .supports_kept_sets());
+  EXPECT_TRUE(fused_linear_logprob_capability().supports_kept_sets());
+  EXPECT_THAT(cpu_kernels_capability("canonical", "c", ImplementationKind::production).to_json(),
+              HasSubstr("\"supports_kept_sets\":true"));
+  const NoKeptSets kernels;
+  const VocabParallelLogprob op(kernels, "test-no-kept");
+  const int64_t real = 256;
+  const Layout two{real, real, {{0, 128}, {128, real}}};
+  const FullLogits logits = make_logits(DType::fp32, 2, real, real, 3);
+  const std::vector<int64_t> targets = {0, 1}, ids = {0, 1};
+  const RankErrors errs = rank_errors(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const VocabRange b = two.bounds[static_cast<std::size_t>(r)];
+    op.forward(logits.shard(b.start, b.end), targets, make_contract(two, r, 2, {}), comm,
+               {.kept = {.ids = ids, .width = 1}});
+  });
+  ASSERT_TRUE(errs.finished);
+  for (const std::string& e : errs.errors) EXPECT_THAT(e, HasSubstr("supports_kept_sets false"));
 }
 
 }  // namespace

@@ -59,6 +59,9 @@ class CudaShardKernels final : public ShardKernels {
                           std::span<const int64_t> target_local,
                           std::span<float> out) const override;
 
+  // Kept sets are not implemented on the device (the capability says so).
+  bool supports_kept_sets() const override { return false; }
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
