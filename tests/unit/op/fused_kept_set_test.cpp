@@ -15,27 +15,12 @@
 #include "fused_test_util.hpp"
 #include "kernels/cpu/fused/tree_stack.hpp"
 #include "numerics/linear_canon.hpp"
+#include "tp_compare.hpp"
 
 namespace detlogp::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<int64_t> targets_for(int64_t rows, int64_t real, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::uniform_int_distribution<int64_t> dist(0, real - 1);
-  std::vector<int64_t> t(static_cast<std::size_t>(rows));
-  for (auto& v : t) v = dist(gen);
-  return t;
-}
-
-std::vector<float> grads_for(int64_t rows, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> g(static_cast<std::size_t>(rows));
-  for (auto& v : g) v = n(gen);
-  return g;
-}
 
 // Row i keeps sizes[i % n] distinct ids (its target among them), shuffled, -1 padded.
 std::vector<int64_t> kept_for(const std::vector<int64_t>& targets, int64_t real, int64_t width,

@@ -16,27 +16,12 @@
 #include "detlogp/fused_dispatch.hpp"
 #include "detlogp/registry.hpp"
 #include "op_test_util.hpp"
+#include "tp_compare.hpp"
 
 namespace detlogp::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<int64_t> targets_for(int64_t rows, int64_t real, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::uniform_int_distribution<int64_t> dist(0, real - 1);
-  std::vector<int64_t> t(static_cast<std::size_t>(rows));
-  for (auto& v : t) v = dist(gen);
-  return t;
-}
-
-std::vector<float> grads_for(int64_t rows, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> g(static_cast<std::size_t>(rows));
-  for (auto& v : g) v = n(gen);
-  return g;
-}
 
 // Row i keeps sizes[i % sizes.size()] distinct ids (its target among them, when given) in a
 // random order, the -1 padding spread between them: [rows, width].
@@ -67,54 +52,12 @@ std::vector<float> temperatures_for(int64_t rows) {
   return t;
 }
 
-FullLogits take_rows(const FullLogits& m, const std::vector<int64_t>& order) {
-  FullLogits out = m;
-  out.rows = static_cast<int64_t>(order.size());
-  const auto n = static_cast<std::size_t>(m.cols);
-  out.f32.clear();
-  out.half.clear();
-  for (int64_t r : order) {
-    const auto at = static_cast<std::size_t>(r) * n;
-    if (m.dtype == DType::fp32) {
-      out.f32.insert(out.f32.end(), m.f32.begin() + at, m.f32.begin() + at + n);
-    } else {
-      out.half.insert(out.half.end(), m.half.begin() + at, m.half.begin() + at + n);
-    }
-  }
-  return out;
-}
-
-template <class T>
-std::vector<T> take(const std::vector<T>& v, const std::vector<int64_t>& order, int64_t per = 1) {
-  std::vector<T> out;
-  for (int64_t r : order) {
-    for (int64_t k = 0; k < per; ++k) out.push_back(v[static_cast<std::size_t>(r * per + k)]);
-  }
-  return out;
-}
-
-void expect_same(const TpRun& a, const TpRun& b, int64_t real, const std::string& what) {
+// tp_compare's expect_same, and every rank of `b` resolved the same kept sets as `a`.
+void expect_same_kept(const TpRun& a, const TpRun& b, int64_t real, const std::string& what) {
+  expect_same(a, b, real, what);
   for (const RankOutputs& r : b.ranks) {
-    EXPECT_EQ(bits(a.ranks[0].result.logp), bits(r.result.logp)) << what << ": logp";
-    EXPECT_EQ(bits(a.ranks[0].result.lse), bits(r.result.lse)) << what << ": lse";
-    EXPECT_EQ(bits(a.ranks[0].result.entropy), bits(r.result.entropy)) << what << ": entropy";
     EXPECT_EQ(a.ranks[0].result.kept_ids, r.result.kept_ids) << what << ": kept_ids";
     EXPECT_EQ(a.ranks[0].result.kept_width, r.result.kept_width) << what << ": kept_width";
-  }
-  EXPECT_EQ(real_grad_bytes(a.grad, real), real_grad_bytes(b.grad, real)) << what << ": grad";
-}
-
-// Row i of run a has the bits of row j of run b.
-void expect_row_same(const TpRun& a, int64_t i, const TpRun& b, int64_t j, int64_t real,
-                     const std::string& what) {
-  const LogprobResult& x = a.ranks[0].result;
-  const LogprobResult& y = b.ranks[0].result;
-  EXPECT_EQ(canon::bits_of(x.logp[i]), canon::bits_of(y.logp[j])) << what << " logp row " << i;
-  EXPECT_EQ(canon::bits_of(x.lse[i]), canon::bits_of(y.lse[j])) << what << " lse row " << i;
-  EXPECT_EQ(canon::bits_of(x.entropy[i]), canon::bits_of(y.entropy[j])) << what << " H row " << i;
-  for (int64_t c = 0; c < real; ++c) {
-    ASSERT_EQ(canon::bits_of(a.grad.at(i, c)), canon::bits_of(b.grad.at(j, c)))
-        << what << " grad row " << i << " column " << c;
   }
 }
 
@@ -173,10 +116,11 @@ TEST(KeptSet, BitwiseAcrossTpDegreesKernelsAndIdOrder) {
       }
       for (const std::string& t : simd_targets()) {
         const VocabParallelLogprob op(simd_kernels_for(t), "test-" + t);
-        expect_same(want, run_tp(op, base, one, targets, copt, fopt, grads), real, what0 + " " + t);
+        expect_same_kept(want, run_tp(op, base, one, targets, copt, fopt, grads), real,
+                         what0 + " " + t);
       }
-      expect_same(want, run_tp(simd, base, one, targets, copt, fopt2, grads), real,
-                  what0 + " reordered ids");
+      expect_same_kept(want, run_tp(simd, base, one, targets, copt, fopt2, grads), real,
+                       what0 + " reordered ids");
       for (int64_t tp : {2, 4, 8}) {
         const VocabLayout ml = megatron_bounds(real, tp);
         const FullLogits logits = make_logits(dtype, rows, real, ml.padded_vocab_size, 19, 20.0f);
@@ -185,9 +129,10 @@ TEST(KeptSet, BitwiseAcrossTpDegreesKernelsAndIdOrder) {
         for (const Layout* layout : {&even, &odd}) {
           const std::string what =
               what0 + " TP " + std::to_string(tp) + (layout == &even ? " even" : " uneven");
-          expect_same(want, run_tp(simd, logits, *layout, targets, copt, fopt, grads), real, what);
-          expect_same(want, run_tp(simd, logits, *layout, targets, copt, fopt2, grads), real,
-                      what + " reordered ids");
+          expect_same_kept(want, run_tp(simd, logits, *layout, targets, copt, fopt, grads), real,
+                           what);
+          expect_same_kept(want, run_tp(simd, logits, *layout, targets, copt, fopt2, grads), real,
+                           what + " reordered ids");
         }
       }
     }
@@ -214,8 +159,9 @@ TEST(KeptSet, EachRowKeepsItsBitsInAnyBatch) {
   };
   const TpRun batch = run_tp(op, logits, layout, targets, copt, fopt(ids, temps, 1), grads);
   for (int threads : {2, 3}) {
-    expect_same(batch, run_tp(op, logits, layout, targets, copt, fopt(ids, temps, threads), grads),
-                real, "threads " + std::to_string(threads));
+    expect_same_kept(batch,
+                     run_tp(op, logits, layout, targets, copt, fopt(ids, temps, threads), grads),
+                     real, "threads " + std::to_string(threads));
   }
   std::vector<int64_t> order(static_cast<std::size_t>(rows));
   std::iota(order.begin(), order.end(), 0);

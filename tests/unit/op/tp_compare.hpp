@@ -42,4 +42,47 @@ inline void expect_same(const TpRun& a, const TpRun& b, int64_t real, const std:
   EXPECT_EQ(real_grad_bytes(a.grad, real), real_grad_bytes(b.grad, real)) << what << ": grad";
 }
 
+// Row `i` of run `a` has the bits of row `j` of run `b` (logp, LSE, entropy, real gradient).
+inline void expect_row_same(const TpRun& a, int64_t i, const TpRun& b, int64_t j, int64_t real,
+                            const std::string& what) {
+  const LogprobResult& x = a.ranks[0].result;
+  const LogprobResult& y = b.ranks[0].result;
+  EXPECT_EQ(canon::bits_of(x.logp[i]), canon::bits_of(y.logp[j])) << what << " logp row " << i;
+  EXPECT_EQ(canon::bits_of(x.lse[i]), canon::bits_of(y.lse[j])) << what << " lse row " << i;
+  EXPECT_EQ(canon::bits_of(x.entropy[i]), canon::bits_of(y.entropy[j]))
+      << what << " entropy row " << i;
+  for (int64_t c = 0; c < real; ++c) {
+    ASSERT_EQ(canon::bits_of(a.grad.at(i, c)), canon::bits_of(b.grad.at(j, c)))
+        << what << " grad row " << i << " column " << c;
+  }
+}
+
+// Rows `order` of a matrix, in that order.
+inline FullLogits take_rows(const FullLogits& m, const std::vector<int64_t>& order) {
+  FullLogits out = m;
+  out.rows = static_cast<int64_t>(order.size());
+  const auto n = static_cast<std::size_t>(m.cols);
+  out.f32.clear();
+  out.half.clear();
+  for (int64_t r : order) {
+    const auto at = static_cast<std::size_t>(r) * n;
+    if (m.dtype == DType::fp32) {
+      out.f32.insert(out.f32.end(), m.f32.begin() + at, m.f32.begin() + at + n);
+    } else {
+      out.half.insert(out.half.end(), m.half.begin() + at, m.half.begin() + at + n);
+    }
+  }
+  return out;
+}
+
+// Rows `order` of per-row values, `per` values a row, in that order.
+template <class T>
+std::vector<T> take(const std::vector<T>& v, const std::vector<int64_t>& order, int64_t per = 1) {
+  std::vector<T> out;
+  for (int64_t r : order) {
+    for (int64_t k = 0; k < per; ++k) out.push_back(v[static_cast<std::size_t>(r * per + k)]);
+  }
+  return out;
+}
+
 }  // namespace detlogp::testing
