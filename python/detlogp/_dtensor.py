@@ -170,6 +170,8 @@ def vocab_parallel_logprobs(fn, logits, targets, *, group, vocab_start, loss_mas
         loss_mask = _local_of(loss_mask, sharded, "loss_mask")
         if is_dtensor(kwargs.get("temperature")):  # per-token temperatures travel as targets do
             kwargs["temperature"] = _local_of(kwargs["temperature"], sharded, "temperature")
+        if is_dtensor(kwargs.get("kept_ids")):  # per-token kept sets too ([..., K])
+            kwargs["kept_ids"] = _local_of(kwargs["kept_ids"], sharded, "kept_ids")
     with _from_the_mesh(sharded, "logits"):
         out = fn(sharded.local, targets, group=sharded.comm, vocab_start=list(sharded.bounds),
                  loss_mask=loss_mask, **kwargs)

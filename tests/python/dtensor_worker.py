@@ -129,6 +129,18 @@ def _logprobs(mesh, topology, dtype, targets_as_dtensor, sub_mesh=False):
                                                real_vocab=real, softcap=2.0,
                                                temperature=temps[rows])
     out.update(capped=capped.to_local(), plain_capped=plain_capped)
+
+    # Kept sets travel as the targets do: each token keeps its target and two neighbours
+    # (ignored tokens keep none).
+    sets = torch.stack([ids, (ids + 1) % real, (ids + 7) % real, torch.full_like(ids, -1)], -1)
+    sets[ids < 0] = -1
+    kept = distribute_tensor(sets, mesh, token_pl) if targets_as_dtensor else sets[rows]
+    with torch.no_grad():
+        on_kept = vocab_parallel_logprobs(dt, tgt, real_vocab=real, kept_ids=kept)
+        plain_kept = vocab_parallel_logprobs(local.detach(), ids[rows],
+                                             group=mesh.get_group(tp_dim), vocab_start=bounds,
+                                             real_vocab=real, kept_ids=sets[rows])
+    out.update(kept=on_kept.to_local(), plain_kept=plain_kept)
     return out
 
 

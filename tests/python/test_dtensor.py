@@ -58,6 +58,9 @@ def test_dtensor_logits_bitwise_equal_to_plain_call_and_tp1(topology, dtype, cas
         # softcap= and per-token temperature= reach the plain call, and change the result.
         assert_bitwise(got["capped"], got["plain_capped"], f"softcap + temperature, {what}")
         assert not torch.equal(got["capped"], got["unmasked_logp"]), what
+        # kept_ids= (a DTensor laid out as the targets, or the plain local tensor) too.
+        assert_bitwise(got["kept"], got["plain_kept"], f"kept sets, {what}")
+        assert not torch.equal(got["kept"], got["unmasked_logp"]), what
         # DTensors out, Replicate on the TP dim; the gradient keeps the input's placements.
         assert got["outputs"] == ["DTensor", "DTensor"] and got["grad_type"] == "DTensor"
         want = ["Shard(dim=0)", "Replicate()"] if two_d else ["Replicate()"]
