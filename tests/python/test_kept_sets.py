@@ -31,8 +31,8 @@ def bits(t):
     return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
-def _inputs(dtype=torch.float32, seed=7, k=40):
-    gen = torch.Generator().manual_seed(seed)
+def _inputs(dtype=torch.float32, stream=7, k=40):
+    gen = torch.Generator().manual_seed(stream)
     full = (torch.randn(3, 6, PADDED, generator=gen) * 6).to(dtype)
     targets = torch.randint(0, REAL, (3, 6), generator=gen)
     return full, targets, kept_sets(targets, gen, k, REAL)
@@ -79,7 +79,7 @@ def test_views_and_id_order_give_the_same_bits(dtype):
 
 
 def test_accurate_against_float64():
-    full, targets, kept = _inputs(seed=11, k=300)
+    full, targets, kept = _inputs(stream=11, k=300)
     logp, ent, grad = run(full, targets, kept)
     for b in range(3):
         for s in range(6):
@@ -204,8 +204,8 @@ def test_tp_over_gloo_gives_the_tp1_bits_and_disagreement_fails_together(ranks):
         assert got["field"] == "kept_ids"
 
 
-def _fused_inputs(seed=3, dtype=torch.bfloat16):
-    gen = torch.Generator().manual_seed(seed)
+def _fused_inputs(stream=3, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(stream)
     hidden = (torch.randn(6, 24, generator=gen)).to(dtype)
     weight = (torch.randn(PADDED, 24, generator=gen) * 0.5).to(dtype)
     targets = torch.randint(0, REAL, (6,), generator=gen)
