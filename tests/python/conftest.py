@@ -25,6 +25,15 @@ except ImportError:  # a direct `pytest tests/python` from the repo after `make`
 
 import detlogp  # noqa: E402,F401
 
+# torch.compile's inductor keeps compiled code in one cache per user (/tmp/torchinductor_<user>)
+# whose keys do not cover the schema of a custom op: code compiled against another build of
+# detlogp (another checkout, an older op signature) would be reused and fail with an argument
+# count error. Each build tree (DETLOGP_BUILD_DIR, set by ctest) gets a cache of its own;
+# spawned ranks inherit it.
+if os.environ.get("DETLOGP_BUILD_DIR"):
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(os.environ["DETLOGP_BUILD_DIR"], "torchinductor-cache"))
+
 
 def pytest_configure(config):
     # The kernels' thread count never changes the bits; keep torch from oversubscribing the
