@@ -168,6 +168,16 @@ class FusedKernels {
                         const BackwardInputs& in, const MutableLogitsView& grad_weight,
                         std::span<float> hidden_sums, const ExecOptions& exec = {}) const = 0;
 
+  // backward over kept sets (docs/numerics.md "Kept sets"): `kept` holds each row's resolved
+  // ids [rows, width] (ascending, -1 padded); `in` as for backward, with LSE and entropy over
+  // the kept sets and grad_logp already +0 on rows without a target in their set. The logit
+  // gradient of each kept column this shard holds, then the two chains over kept columns only:
+  // grad_weight rows of kept ids (every other row +0) and each node's grad_hidden sum.
+  virtual void kept_backward(const FusedShard& shard, std::span<const int64_t> kept, int64_t width,
+                             std::span<const TreeNode> nodes, const BackwardInputs& in,
+                             const MutableLogitsView& grad_weight,
+                             std::span<float> hidden_sums) const = 0;
+
   // grad_hidden ([rows, H], input dtype or fp32) from node sums that cover tiles [0, T) exactly
   // once (every rank's nodes, concatenated): merged by the canonical tree, rounded once. With
   // no nodes it is +0. The sums are merged in place (their memory is overwritten).

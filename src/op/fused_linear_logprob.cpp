@@ -13,7 +13,6 @@
 #include "detlogp/version.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
-#include "op/kept_fused.hpp"
 #include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
 #include "op/vocab_layout.hpp"
@@ -262,7 +261,7 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
   const std::span<float> own_sums =
       std::span<float>(send).first(want_hidden ? cover.size() * plane : 0);
   if (f.kept_width > 0) {
-    op::kept_fused_backward(f.shard, f.kept, f.kept_width, cover, in, grad_weight, own_sums);
+    f.kernels->kept_backward(f.shard, f.kept, f.kept_width, cover, in, grad_weight, own_sums);
   } else {
     f.kernels->backward(f.shard, cover, in, grad_weight, own_sums, f.exec);
   }

@@ -33,6 +33,10 @@ class CpuFusedKernels final : public FusedKernels {
   void backward(const FusedShard& shard, std::span<const TreeNode> nodes, const BackwardInputs& in,
                 const MutableLogitsView& grad_weight, std::span<float> hidden_sums,
                 const ExecOptions& exec) const override;
+  void kept_backward(const FusedShard& shard, std::span<const int64_t> kept, int64_t width,
+                     std::span<const TreeNode> nodes, const BackwardInputs& in,
+                     const MutableLogitsView& grad_weight,
+                     std::span<float> hidden_sums) const override;
   void merge_hidden_sums(std::span<const TreeNode> nodes, std::span<float* const> sums,
                          const MutableLogitsView& grad_hidden) const override;
   void linear_logits(const LogitsView& hidden, const LogitsView& weight,

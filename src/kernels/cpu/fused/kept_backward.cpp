@@ -1,4 +1,6 @@
-#include "op/kept_fused.hpp"
+#include "kernels/cpu/fused/kept_backward.hpp"
+
+#include "kernels/cpu/fused/cpu_fused_kernels.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +11,7 @@
 #include "numerics/canon.hpp"
 #include "numerics/linear_canon.hpp"
 
-namespace detlogp::op {
+namespace detlogp::fused {
 
 namespace {
 
@@ -40,9 +42,9 @@ void merge_planes(Plane& left, Plane&& right) {
 
 }  // namespace
 
-void kept_fused_backward(const FusedShard& shard, std::span<const int64_t> kept, int64_t width,
-                         std::span<const TreeNode> nodes, const BackwardInputs& in,
-                         const MutableLogitsView& grad_weight, std::span<float> hidden_sums) {
+void kept_backward(const FusedShard& shard, std::span<const int64_t> kept, int64_t width,
+                   std::span<const TreeNode> nodes, const BackwardInputs& in,
+                   const MutableLogitsView& grad_weight, std::span<float> hidden_sums) {
   const int64_t rows = shard.hidden.rows;
   const int64_t hs = shard.hidden.cols;
   const int64_t w = shard.geometry.tile_width;
@@ -51,7 +53,7 @@ void kept_fused_backward(const FusedShard& shard, std::span<const int64_t> kept,
 
   // The hidden states and the kept weight rows of this shard, widened once.
   std::vector<float> h32(static_cast<std::size_t>(rows * hs));
-  for (int64_t i = 0; i < rows; ++i) fused::widen_row(shard.hidden, i, h32.data() + i * hs);
+  for (int64_t i = 0; i < rows; ++i) widen_row(shard.hidden, i, h32.data() + i * hs);
   std::vector<int64_t> slot(static_cast<std::size_t>(shard.weight.rows), -1);
   std::vector<float> w32;
   auto weight_row = [&](int64_t col) -> const float* {
@@ -59,7 +61,7 @@ void kept_fused_backward(const FusedShard& shard, std::span<const int64_t> kept,
     if (s < 0) {
       s = static_cast<int64_t>(w32.size() / static_cast<std::size_t>(hs));
       w32.resize(w32.size() + static_cast<std::size_t>(hs));
-      fused::widen_row(shard.weight, col, w32.data() + s * hs);
+      widen_row(shard.weight, col, w32.data() + s * hs);
     }
     return w32.data() + s * hs;
   };
@@ -118,7 +120,7 @@ void kept_fused_backward(const FusedShard& shard, std::span<const int64_t> kept,
   }
   const auto plane = static_cast<std::size_t>(rows * hs);
   for (std::size_t j = 0; j < nodes.size(); ++j) {
-    fused::TreeStack<Plane, decltype(&merge_planes)> stack(&merge_planes);
+    TreeStack<Plane, decltype(&merge_planes)> stack(&merge_planes);
     const int64_t t_end = std::min(nodes[j].end_tile(), real_tiles);
     for (int64_t t = nodes[j].first_tile(); t < t_end; ++t) {
       Plane leaf;
@@ -141,4 +143,11 @@ void kept_fused_backward(const FusedShard& shard, std::span<const int64_t> kept,
   }
 }
 
-}  // namespace detlogp::op
+void CpuFusedKernels::kept_backward(const FusedShard& shard, std::span<const int64_t> kept,
+                                    int64_t width, std::span<const TreeNode> nodes,
+                                    const BackwardInputs& in, const MutableLogitsView& grad_weight,
+                                    std::span<float> hidden_sums) const {
+  fused::kept_backward(shard, kept, width, nodes, in, grad_weight, hidden_sums);
+}
+
+}  // namespace detlogp::fused
