@@ -63,8 +63,10 @@ TEST(FusedDotKernels, LongStridedDotTilesMatchTheScalarCanonOnEveryTarget) {
   // Hidden sizes of several hundred elements, rows further apart than k and an output stride
   // wider than the tile (as inside the op), tiles whose sides are not multiples of any register
   // block, and one row whose products all underflow to -0 over the whole length.
-  const int64_t shapes[][3] = {{1, 1, 255}, {6, 5, 256},  {4, 9, 257}, {33, 130, 300},
-                               {7, 3, 511}, {2, 17, 784}, {9, 4, 1029}};
+  // AVX2 runs k in chunks of 256 and rows in groups of 16: shapes on and around both.
+  const int64_t shapes[][3] = {{1, 1, 255},    {6, 5, 256},   {4, 9, 257},
+                               {33, 130, 300}, {7, 3, 511},   {2, 17, 784},
+                               {9, 4, 1029},   {16, 12, 512}, {17, 7, 768}};
   for (const auto& [m, n, k] : shapes) {
     const int64_t lda = k + 3, ldb = k + 11, ldo = n + 2;
     std::vector<float> a = random_values(static_cast<std::size_t>(m * lda), 7 + k);
@@ -74,14 +76,16 @@ TEST(FusedDotKernels, LongStridedDotTilesMatchTheScalarCanonOnEveryTarget) {
       b[(n - 1) * ldb + j] = 1e-30f;
     }
     for (const DotOps* ops : every_kernel()) {
-      std::vector<float> out(static_cast<std::size_t>(m * ldo));
-      ops->dot_tile(a.data(), lda, m, b.data(), ldb, n, k, out.data(), ldo);
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          const float want = canon::canonical_dot(a.data() + i * lda, b.data() + j * ldb, k);
-          ASSERT_EQ(bits(want), bits(out[i * ldo + j]))
-              << ops->name << " m=" << m << " n=" << n << " k=" << k << " (" << i << ", " << j
-              << ")";
+      for (DotTileFn tile : {ops->dot_tile, ops->dot_tile_unblocked}) {
+        std::vector<float> out(static_cast<std::size_t>(m * ldo));
+        tile(a.data(), lda, m, b.data(), ldb, n, k, out.data(), ldo);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float want = canon::canonical_dot(a.data() + i * lda, b.data() + j * ldb, k);
+            ASSERT_EQ(bits(want), bits(out[i * ldo + j]))
+                << ops->name << (tile == ops->dot_tile ? "" : " unblocked") << " m=" << m
+                << " n=" << n << " k=" << k << " (" << i << ", " << j << ")";
+          }
         }
       }
     }

@@ -27,6 +27,9 @@ struct DotOps {
   bool native_fma = false;  // false: fma emulated per lane (correct, slower)
   DotTileFn dot_tile = nullptr;
   ChainFn chain = nullptr;
+  // The tile without k blocking (the AVX-512 choice; on AVX2 dot_tile blocks k): the same bits,
+  // kept for the kernel benchmark's A/B and its bitwise test.
+  DotTileFn dot_tile_unblocked = nullptr;
 };
 
 // The scalar reference: the canon's definitions, element by element.

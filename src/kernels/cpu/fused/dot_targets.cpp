@@ -15,6 +15,7 @@
 // fma is the hardware instruction where Highway's MulAdd is fused (HWY_NATIVE_FMA), std::fma
 // per lane otherwise. Never compiled with fast-math or FP contraction (-ffp-contract=off).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -62,6 +63,18 @@ constexpr int kU = kN >= 16 ? 4 : 3;
 // a * b + c with one rounding (the shard kernels' fma, lanes-inl.h).
 HWY_INLINE VF Fma(VF a, VF b, VF c) { return simd::HWY_NAMESPACE::FusedMulAdd(DF(), a, b, c); }
 
+// Keeps a loaded vector in a register. GCC otherwise folds the load into every fma that uses
+// it (a memory operand per fma): with AVX2's 2 x 3 block that is 8 loads per 6 fmas instead of
+// 5, and the loads, not the fmas, set the speed. An empty asm: no instruction, no effect on
+// the value.
+HWY_INLINE void InRegister(VF& v) {
+#if HWY_ARCH_X86 && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+  asm("" : "+x"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 // One 16-element chunk of MR x NR dot products.
 template <int MR, int NR>
 HWY_INLINE void DotChunk(const float* const* a, const float* const* b, int64_t at,
@@ -71,7 +84,8 @@ HWY_INLINE void DotChunk(const float* const* a, const float* const* b, int64_t a
     VF av[MR];
     for (int r = 0; r < MR; ++r) av[r] = hn::LoadU(d, a[r] + at + v * kN);
     for (int c = 0; c < NR; ++c) {
-      const VF bv = hn::LoadU(d, b[c] + at + v * kN);
+      VF bv = hn::LoadU(d, b[c] + at + v * kN);
+      InRegister(bv);
       for (int r = 0; r < MR; ++r) acc[r][c][v] = Fma(av[r], bv, acc[r][c][v]);
     }
   }
@@ -151,11 +165,163 @@ HWY_INLINE void DotColumns(const float* a, int64_t lda, int64_t m, const float* 
 // column blocks and tiles. Rows outside would stream the whole [W, H] weight tile (2 MiB at
 // W = 128), larger than L2, from L3 once per register row block. Each output is still one
 // DotBlock, so the order of the blocks never changes a bit.
-void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
-             int64_t k, float* out, int64_t ldo) {
+void DotTileUnblocked(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
+                      int64_t n, int64_t k, float* out, int64_t ldo) {
   int64_t j = 0;
   for (; j + kNR <= n; j += kNR) DotColumns<kNR>(a, lda, m, b + j * ldb, ldb, k, out + j, ldo);
   for (; j < n; ++j) DotColumns<1>(a, lda, m, b + j * ldb, ldb, k, out + j, ldo);
+}
+
+// AVX2: 16 canon lanes are two registers, so a block of 2 x 3 dot products needs 12
+// accumulators and loads 5 vectors per 6 fmas: the loads, not the fmas, set the speed. But the
+// canon's lanes 0-7 and 8-15 are independent chains, so the tile runs them as two halves, one
+// register per dot product: a block of kHR hidden rows x kHC weight rows loads kHR + kHC vectors
+// per kHR * kHC fmas (7 per 12 for 4 x 3; 12 accumulators + 3 weight vectors + 1 hidden vector
+// = 16 registers). The halves pause between chunks of kKC elements of k (each half's
+// accumulators stored and reloaded as they are: a chain that pauses changes no bit). The tile
+// runs in groups of kGroupRows hidden rows whose k chunk is packed contiguously (16 KiB: rows a
+// hidden size apart would all land in the same L1 set) and stays in L1 while every register
+// block of the group reads it twice (once per half); the weight rows are read in place, from
+// L2, once per group. Each lane still accumulates its elements in increasing k from +0 (the
+// chunk past k on zero-filled copies, the canon's padding), and the fold is DotBlock's.
+// Measured on Zen 3 (docs/benchmarks.md): 1.2-1.3x the unblocked 2 x 3 tile; packing the
+// weight chunks too, or groups of 4 or 8 rows, were slower.
+constexpr int kHR = 4;
+constexpr int kHC = 3;
+constexpr int64_t kKC = 256;
+constexpr int64_t kGroupRows = 16;
+
+// Half v (lanes v * N .. v * N + N - 1) of MR x NR dot products over the 16-element chunks at
+// [from, to): acc[r][c] += a_r * b_c elementwise, element at + v * N + lane of every chunk.
+template <int MR, int NR>
+HWY_INLINE void HalfChunks(const float* const* a, const float* const* b, int64_t from, int64_t to,
+                           int v, VF (&acc)[MR][NR]) {
+  const DF d;
+  for (int64_t at = from; at < to; at += canon::kDotLanes) {
+    VF bv[NR];
+    for (int c = 0; c < NR; ++c) bv[c] = hn::LoadU(d, b[c] + at + v * kN);
+    for (int r = 0; r < MR; ++r) {
+      VF av = hn::LoadU(d, a[r] + at + v * kN);
+      InRegister(av);
+      for (int c = 0; c < NR; ++c) acc[r][c] = Fma(av, bv[c], acc[r][c]);
+    }
+  }
+}
+
+// One MR x NR register block over one packed k chunk of len elements (a multiple of 16).
+// state holds the paused lanes: [MR][NR][16] floats.
+template <int MR, int NR>
+HWY_INLINE void HalvesBlock(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t len,
+                            float* state, bool first, bool last, float* out, int64_t ldo) {
+  const DF d;
+  const float* ar[MR];
+  const float* bc[NR];
+  for (int r = 0; r < MR; ++r) ar[r] = a + r * lda;
+  for (int c = 0; c < NR; ++c) bc[c] = b + c * ldb;
+  for (int v = 0; v < kKV; ++v) {
+    VF acc[MR][NR];
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < NR; ++c) {
+        acc[r][c] =
+            first ? hn::Zero(d) : hn::LoadU(d, state + (r * NR + c) * canon::kDotLanes + v * kN);
+      }
+    }
+    HalfChunks<MR, NR>(ar, bc, 0, len, v, acc);
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < NR; ++c) {
+        hn::StoreU(acc[r][c], d, state + (r * NR + c) * canon::kDotLanes + v * kN);
+      }
+    }
+  }
+  if (last) {
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < NR; ++c) {
+        VF lanes[kKV];
+        for (int v = 0; v < kKV; ++v) {
+          lanes[v] = hn::LoadU(d, state + (r * NR + c) * canon::kDotLanes + v * kN);
+        }
+        out[r * ldo + c] = FoldLanes(lanes);
+      }
+    }
+  }
+}
+
+// Copies elements [from, from + len) of `rows` rows (ld apart) into a contiguous [rows, len]
+// block, zero past k (the canon's padding). Rows a hidden size apart (16 KiB at H = 4096) would
+// all land in the same L1 set; packed, a chunk stays in L1.
+HWY_INLINE void PackChunk(const float* src, int64_t ld, int64_t rows, int64_t from, int64_t len,
+                          int64_t k, float* dst) {
+  const int64_t real = std::min(len, k - from);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * len, src + r * ld + from, static_cast<size_t>(real) * sizeof(float));
+    std::fill(dst + r * len + real, dst + (r + 1) * len, 0.0f);
+  }
+}
+
+// Column block [j, j + NR) of a packed row group chunk: its register blocks down the rows.
+template <int NR>
+HWY_INLINE void HalvesColumns(const float* ag, int64_t m, const float* b, int64_t ldb, int64_t from,
+                              int64_t len, int64_t k, float* bpack, float* state, bool first,
+                              bool last, float* out, int64_t ldo) {
+  const float* bp = b + from;
+  int64_t lb = ldb;
+  if (from + len > k) {  // the chunk past k: zero-padded copies
+    PackChunk(b, ldb, NR, from, len, k, bpack);
+    bp = bpack;
+    lb = len;
+  }
+  constexpr int64_t kRowState = NR * canon::kDotLanes;
+  int64_t i = 0;
+  for (; i + kHR <= m; i += kHR) {
+    HalvesBlock<kHR, NR>(ag + i * len, len, bp, lb, len, state + i * kRowState, first, last,
+                         out + i * ldo, ldo);
+  }
+  for (; i < m; ++i) {
+    HalvesBlock<1, NR>(ag + i * len, len, bp, lb, len, state + i * kRowState, first, last,
+                       out + i * ldo, ldo);
+  }
+}
+
+void DotTileHalves(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
+                   int64_t k, float* out, int64_t ldo) {
+  const int64_t padded = (k + canon::kDotLanes - 1) / canon::kDotLanes * canon::kDotLanes;
+  // Paused lanes of the current row group: column j's block at j * kGroupRows * 16 floats,
+  // then [row][NR][16].
+  const auto state_size = static_cast<size_t>(kGroupRows * (n + kHC) * canon::kDotLanes);
+  thread_local std::vector<float> state;
+  thread_local std::vector<float> apack(static_cast<size_t>(kGroupRows * kKC));
+  thread_local std::vector<float> bpack(static_cast<size_t>(kHC * kKC));
+  if (state.size() < state_size) state.resize(state_size);
+  for (int64_t r0 = 0; r0 < m; r0 += kGroupRows) {
+    const int64_t mg = std::min(kGroupRows, m - r0);
+    float* og = out + r0 * ldo;
+    for (int64_t from = 0; from < padded; from += kKC) {
+      const int64_t len = std::min(padded, from + kKC) - from;
+      const bool first = from == 0;
+      const bool last = from + len == padded;
+      PackChunk(a + r0 * lda, lda, mg, from, len, k, apack.data());
+      int64_t j = 0;
+      for (; j + kHC <= n; j += kHC) {
+        HalvesColumns<kHC>(apack.data(), mg, b + j * ldb, ldb, from, len, k, bpack.data(),
+                           state.data() + j * kGroupRows * canon::kDotLanes, first, last, og + j,
+                           ldo);
+      }
+      for (; j < n; ++j) {
+        HalvesColumns<1>(apack.data(), mg, b + j * ldb, ldb, from, len, k, bpack.data(),
+                         state.data() + j * kGroupRows * canon::kDotLanes, first, last, og + j,
+                         ldo);
+      }
+    }
+  }
+}
+
+void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
+             int64_t k, float* out, int64_t ldo) {
+  if constexpr (kKV == 2) {
+    DotTileHalves(a, lda, m, b, ldb, n, k, out, ldo);
+  } else {
+    DotTileUnblocked(a, lda, m, b, ldb, n, k, out, ldo);
+  }
 }
 
 // MI outputs x kU vectors of one hidden chunk, chains over all nj.
@@ -243,7 +409,7 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
 
 const DotOps* GetDotOps() {
   static const DotOps ops{std::string("highway:") + hwy::TargetName(HWY_TARGET),
-                          HWY_NATIVE_FMA != 0, &DotTile, &Chain};
+                          HWY_NATIVE_FMA != 0, &DotTile, &Chain, &DotTileUnblocked};
   return &ops;
 }
 
