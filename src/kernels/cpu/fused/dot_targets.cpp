@@ -7,6 +7,8 @@
 //   zero-filled copies, which is the canon's +0 * +0 padding. A tile runs column block by
 //   column block (each block of weight rows read from memory once, then from L2). The fold's first
 //   steps (h >= N) are vector adds of whole registers, the rest adds the register's halves.
+//   AVX2 runs the two registers' lanes (0-7, 8-15) as separate halves over packed k chunks
+//   instead (DotTileHalves): one register per output leaves room for 4 x 3 blocks.
 // - Gradient chains: each output element is its own fma chain, vectorised along the hidden
 //   dimension; a block of MI outputs shares each loaded vector, and each column block of the
 //   values is packed into a contiguous panel that stays in L1 while every output block runs
