@@ -183,7 +183,7 @@ void DotTileUnblocked(const float* a, int64_t lda, int64_t m, const float* b, in
 // per kHR * kHC fmas (7 per 12 for 4 x 3; 12 accumulators + 3 weight vectors + 1 hidden vector
 // = 16 registers). The halves pause between chunks of kKC elements of k (each half's
 // accumulators stored and reloaded as they are: a chain that pauses changes no bit). The tile
-// runs in groups of kGroupRows hidden rows whose k chunk is packed contiguously (16 KiB: rows a
+// runs in groups of kGroupRows hidden rows whose k chunk is packed contiguously (24 KiB: rows a
 // hidden size apart would all land in the same L1 set) and stays in L1 while every register
 // block of the group reads it twice (once per half); the weight rows are read in place, from
 // L2, once per group. Each lane still accumulates its elements in increasing k from +0 (the
@@ -192,7 +192,7 @@ void DotTileUnblocked(const float* a, int64_t lda, int64_t m, const float* b, in
 // weight chunks too, or groups of 4 or 8 rows, were slower.
 constexpr int kHR = 4;
 constexpr int kHC = 3;
-constexpr int64_t kKC = 256;
+constexpr int64_t kKC = 384;
 constexpr int64_t kGroupRows = 16;
 
 // Half v (lanes v * N .. v * N + N - 1) of MR x NR dot products over the 16-element chunks at
