@@ -3,7 +3,8 @@
 // hidden rows against `tiles` tiles of `cols` weight rows, each tile's weight rows fresh from
 // memory), timed in CPU seconds of the calling thread, so that a loaded machine slows the
 // figures less than it slows wall time. One thread; best of `reps`. One JSON object on stdout.
-// For an A/B, run two builds alternately.
+// For an A/B, run two builds alternately; dot_tile_unblocked_gflops_cpu is the tile without
+// AVX2's k blocking (the same function as dot_tile on other targets), in the same run.
 //
 //   bench_fused_kernels --rows 32 --cols 128 --hidden 4096 --tiles 20
 #include <time.h>
