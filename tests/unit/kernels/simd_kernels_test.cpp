@@ -329,11 +329,18 @@ TEST_P(SimdTarget, DetExpMatchesCanon) {
 }
 
 // The target's vector det_tanh against the canon's: a strided sample of every fp32 bit pattern
-// (both signs, subnormals, the polynomial's threshold, saturation, infinities, NaNs).
+// (both signs, subnormals, the polynomial's threshold, saturation, infinities, NaNs), and every
+// float around the vector form's clamp.
 TEST_P(SimdTarget, DetTanhMatchesCanon) {
   std::vector<float> x;
   for (uint64_t u = 0; u <= 0xffffffffu; u += 4093) x.push_back(canon::float_of(uint32_t(u)));
   for (uint32_t u = canon::bits_of(0.5f); u <= canon::bits_of(0.625f); u += 61) {
+    x.push_back(canon::float_of(u));
+    x.push_back(-canon::float_of(u));
+  }
+  // Every float of |x| in [9.5, 10.5]: where the vector form clamps det_exp's argument -2|x| at
+  // -20 (r = 1 exactly on both sides of it).
+  for (uint32_t u = canon::bits_of(9.5f); u <= canon::bits_of(10.5f); ++u) {
     x.push_back(canon::float_of(u));
     x.push_back(-canon::float_of(u));
   }
@@ -361,6 +368,8 @@ TEST_P(SimdTarget, SoftcapForwardMatchesReference) {
     check_forward({dt, 48, 997, 1056, 32, 0.7f, 62, 5.0f}, kernels());
     check_forward({dt, 4, 301, 304, 32, 1.0f, 63, 0.75f}, kernels());
     check_forward({dt, 128, 7, 128, 16, 1.3f, 64, 50.0f}, kernels());
+    // Whole lane groups only (no padded tail) and 2 cap / tau > 80: the leaf's flushing pass.
+    check_forward({dt, 64, 1024, 1024, 16, 0.5f, 65, 30.0f}, kernels());
   }
 }
 

@@ -207,14 +207,36 @@ void BackwardRowsCapped(const BackwardJob& job, int64_t row_begin, int64_t row_e
     const T* src = base + row * job.row_stride;
     T* dst = gbase + row * job.grad_row_stride;
     const RowGrad rg = MakeRowGrad(job, row);
-    auto grad_of = [&](VF x, int64_t c0) HWY_ATTR {
-      const int64_t lane =
-          rg.target >= c0 && rg.target < c0 + static_cast<int64_t>(kN) ? rg.target - c0 : -1;
+    // The gradient of N logits x, the target column in lane `lane` (or -1).
+    auto grad_in = [&](VF x, int64_t lane) HWY_ATTR {
       const Capped cz = CapLogits<kScaled>(x, vcap, vtau);
       bool may_nan;
       return hn::Mul(GradVec<kScaled, kEntropy>(cz.z, lane, rg, may_nan), SoftcapSlope(cz.th));
     };
+    auto grad_of = [&](VF x, int64_t c0) HWY_ATTR {
+      return grad_in(
+          x, rg.target >= c0 && rg.target < c0 + static_cast<int64_t>(kN) ? rg.target - c0 : -1);
+    };
     int64_t c = 0;
+    if constexpr (kDT == DType::bf16) {
+      // 2N columns per step as N 32-bit lanes, as in BackwardRowsT: the even columns widen from
+      // the low halves, the odd ones from the high halves, and the two gradients pack back.
+      const DU du;
+      const VU hi_mask = hn::Set(du, 0xffff0000u);
+      for (; c + static_cast<int64_t>(2 * kN) <= real_end; c += 2 * kN) {
+        const VU w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(src + c));
+        int64_t lane_e = -1, lane_o = -1;
+        if (static_cast<uint64_t>(rg.target - c) < static_cast<uint64_t>(2 * kN)) {
+          const int64_t k = rg.target - c;
+          (k % 2 == 0 ? lane_e : lane_o) = k / 2;
+        }
+        const VF ge = grad_in(hn::BitCast(d, hn::ShiftLeft<16>(w)), lane_e);
+        const VF go = grad_in(hn::BitCast(d, hn::And(w, hi_mask)), lane_o);
+        hn::StoreU(hn::OrAnd(hn::ShiftRight<16>(FloatToBf16High(ge, true)),
+                             FloatToBf16High(go, true), hi_mask),
+                   du, reinterpret_cast<uint32_t*>(dst + c));
+      }
+    }
     for (; c + static_cast<int64_t>(kN) <= real_end; c += kN) {
       StoreGrad<kDT>(grad_of(LoadWide<kDT>(src + c), c), dst + c, false, true);
     }

@@ -5,8 +5,8 @@
 //   lanes-inl.h     vector types, fma, 2^n, the canon's lane folds
 //   exp-inl.h       det_exp
 //   convert-inl.h   widening of the logits, narrowing of the gradients
-//   softcap-inl.h   det_tanh and the capped logits of a tile
 //   leaf-inl.h      the leaf partial of one tile
+//   softcap-inl.h   det_tanh and the leaf partial of a capped tile
 //   tree-inl.h      node_partials: leaves and the tree inside each node
 //   backward-inl.h  backward
 //   scalar-inl.h    the single-lane fallback target (the scalar canon itself)

@@ -138,10 +138,10 @@ void NodePartialsRowsT(const NodePartialsJob& job, int64_t row_begin, int64_t ro
   LevelScratch level;
   level.reserve(static_cast<size_t>(max_leaves + 2 * static_cast<int64_t>(kN)));
   LeafScratch leaf;
-  // With a softcap, each tile's z (capped, tempered) goes through this buffer and the fp32 leaf
-  // runs on it: the canon's leaf of the canon's z.
+  // With a softcap, the leaf's first pass writes each tile's z (capped, tempered) here, whole
+  // lane groups, and its second pass reads them back: the canon's leaf of the canon's z.
   const bool capped = job.softcap != 0.0f;
-  std::vector<float> capped_z(capped ? static_cast<size_t>(W + static_cast<int64_t>(kN)) : 0);
+  std::vector<float> capped_z(capped ? static_cast<size_t>(W + canon::kLanes) : 0);
   const T* base = static_cast<const T*>(job.data);
   for (int64_t row = row_begin; row < row_end; ++row) {
     for (int64_t j = 0; j < job.num_nodes; ++j) {
@@ -156,9 +156,9 @@ void NodePartialsRowsT(const NodePartialsJob& job, int64_t row_begin, int64_t ro
           const int64_t count = std::min(W, R - col);
           canon::Partial leaf_p;
           if (capped) {
-            CapTile<kDT, kScaled>(row_ptr + (col - job.vocab_start), count, job.softcap,
-                                  job.temperature, capped_z.data());
-            leaf_p = LeafTile<DType::fp32, kEntropy, false>(capped_z.data(), count, 1.0f, leaf);
+            leaf_p = CappedLeafTile<kDT, kEntropy, kScaled>(row_ptr + (col - job.vocab_start),
+                                                            count, job.softcap, job.temperature,
+                                                            capped_z.data());
           } else {
             leaf_p = LeafTile<kDT, kEntropy, kScaled>(row_ptr + (col - job.vocab_start), count,
                                                       job.temperature, leaf);
