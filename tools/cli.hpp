@@ -52,6 +52,7 @@ struct LogprobOptions {
   std::optional<int64_t> tile_width;
   std::optional<int64_t> num_vocab_tiles;
   float temperature = 1.0f;
+  std::string row_temperature;   // file of [tokens] F32 per-row temperatures; none by default
   std::optional<float> softcap;  // the logit softcap; none by default
   std::string backend = "auto";
   std::string device = "cpu";

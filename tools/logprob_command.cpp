@@ -17,6 +17,7 @@
 #include "io/file.hpp"
 #include "io/tensor_file.hpp"
 #include "memory/memory.hpp"
+#include "op/call_checks.hpp"
 #include "scoring.hpp"
 
 namespace detlogp::cli {
@@ -87,8 +88,8 @@ void check_logprob_options(const LogprobOptions& o) {
                     "path (e.g. {}.provenance.json)",
                     o.provenance, o.out));
   }
-  for (const std::string* input :
-       {&o.logits, &o.targets, &o.mask, &o.grad_logp, &o.grad_lse, &o.grad_entropy}) {
+  for (const std::string* input : {&o.logits, &o.targets, &o.mask, &o.row_temperature, &o.grad_logp,
+                                   &o.grad_lse, &o.grad_entropy}) {
     if (input->empty()) continue;
     for (const std::string* output : {&o.out, &o.provenance}) {
       if (!output->empty() && same_file(*input, *output)) {
@@ -103,6 +104,12 @@ void check_logprob_options(const LogprobOptions& o) {
     throw UsageError(fmt::format("--temperature must be finite and > 0; got {}", o.temperature));
   }
   check_softcap_option(o.softcap);
+  if (!o.row_temperature.empty() && o.temperature != 1.0f) {
+    throw UsageError(fmt::format(
+        "--row-temperature {} gives each token its own temperature, so --temperature must be 1 "
+        "(the default); got {}: fold it into the file's values",
+        o.row_temperature, o.temperature));
+  }
   if (!o.grad_entropy.empty() && !o.entropy) {
     throw UsageError("--grad-entropy needs --entropy (the entropy gradient needs the entropy)");
   }
@@ -120,6 +127,7 @@ struct LogprobInputs {
   int64_t real = 0;
   std::vector<int64_t> targets;
   std::vector<bool> active;
+  std::vector<float> row_temperature;  // empty without --row-temperature
   std::vector<float> grad_logp, grad_lse, grad_entropy;
 };
 
@@ -166,6 +174,11 @@ LogprobInputs read_inputs(const LogprobOptions& o) {
           fmt::format("{}: target {} of active token {} is outside the real vocabulary [0, {})",
                       o.targets, in.targets[i], i, in.real));
     }
+  }
+  if (!o.row_temperature.empty()) {
+    const io::Tensor t = io::read_tensor(o.row_temperature, "row_temperature");
+    in.row_temperature = io::to_float_vector(t, o.row_temperature);
+    check_per_token(t, o.row_temperature, tokens, o.logits);
   }
   in.grad_logp = read_grad(o.grad_logp, "grad_logp", tokens, o.logits);
   in.grad_lse = read_grad(o.grad_lse, "grad_lse", tokens, o.logits);
@@ -236,6 +249,7 @@ void write_outputs(const LogprobOptions& o, const LogprobInputs& in, const Score
                         {"temperature", fmt::format("{}", o.temperature)},
                         {"deterministic", o.deterministic ? "true" : "false"}};
   if (o.softcap) metadata["softcap"] = fmt::format("{}", *o.softcap);
+  if (!o.row_temperature.empty()) metadata["row_temperature"] = o.row_temperature;
   io::write_tensors_to(tensors_out, out, metadata);
   std::string names;
   for (const io::TensorRef& t : out) names += (names.empty() ? "" : ", ") + std::string(t.name);
@@ -275,6 +289,7 @@ int logprob_command(const LogprobOptions& o) {
                          .bounds = even_tile_aligned_bounds(padded, o.tp, w),
                          .tile_width = w,
                          .temperature = o.temperature,
+                         .row_temperature = in.row_temperature,
                          .softcap = o.softcap,
                          .backend = o.backend,
                          .platform = platform_of(device),
@@ -286,6 +301,16 @@ int logprob_command(const LogprobOptions& o) {
                                    .grad_lse = in.grad_lse,
                                    .grad_entropy = in.grad_entropy},
                          .collective_timeout = parse_collective_timeout(o.collective_timeout)};
+  // The operator's own rule for per-token temperatures (one per token, each finite and > 0),
+  // applied before anything is computed, the error naming the file.
+  if (!in.row_temperature.empty()) {
+    const LogprobContract contract = make_contract(req, 0);
+    try {
+      op::check_row_temperature(in.row_temperature, in.logits.rows, contract);
+    } catch (const ContractError& e) {
+      throw ContractError(e.code(), e.field(), fmt::format("{}: {}", o.row_temperature, e.what()));
+    }
+  }
   const bool backward = wants_backward(req.grads);
   const std::size_t grad_bytes = in.logits_tensor.data.size();
   if (backward) {

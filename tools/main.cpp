@@ -72,6 +72,8 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
   tw->excludes(nt);
   nt->excludes(tw);
   add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
+  app.add_option("--row-temperature", o.row_temperature,
+                 "[tokens] F32 per-token temperatures, each row's instead of --temperature");
   app.add_option(
       "--softcap", o.softcap,
       "logit softcap: scores use cap * tanh(logits / cap) / temperature (default: none)");

@@ -124,7 +124,8 @@ RankScore score_rank(Communicator& comm, const ScoreRequest& request, const Logi
   const ForwardOptions fopt{.deterministic = request.deterministic,
                             .validate = true,
                             .entropy = request.entropy,
-                            .exec = {.threads = threads}};
+                            .exec = {.threads = threads},
+                            .row_temperature = request.row_temperature};
   timed_phases(
       comm, request, out.forward_seconds, out.backward_seconds,
       [&] { out.result = d.op->forward(shard, request.targets, contract, comm, fopt); },
@@ -161,7 +162,9 @@ FusedRankScore score_fused_rank(Communicator& comm, const ScoreRequest& request,
   FusedRankScore out;
   out.provenance_json = d.provenance_json;
   out.kernel = d.op->kernel_name();
-  const FusedOptions fopt{.entropy = request.entropy, .exec = {.threads = threads}};
+  const FusedOptions fopt{.entropy = request.entropy,
+                          .exec = {.threads = threads},
+                          .row_temperature = request.row_temperature};
   timed_phases(
       comm, request, out.forward_seconds, out.backward_seconds,
       [&] {

@@ -27,6 +27,9 @@ struct ScoreRequest {
   std::vector<VocabRange> bounds = {};  // one per TP rank
   int64_t tile_width = kDefaultTileWidth;
   float temperature = 1.0f;
+  // Per-token temperatures of this (CP) slice (ForwardOptions::row_temperature): empty, or one
+  // per token, the contract's temperature then 1.
+  std::span<const float> row_temperature = {};
   std::optional<float> softcap = std::nullopt;
   std::string backend = "auto";
   // Registry platform: "cpu", or "cuda" (device logits and gradient, see device.hpp).

@@ -226,3 +226,25 @@ def test_outputs_never_overwrite_each_other_or_an_input(d):
                "logits.safetensors", "both an input and an output")
     expect_bad(d, logprob_args(**{"--provenance": "targets.npy"}), "targets.npy",
                "both an input and an output")
+
+
+def test_bad_row_temperatures(d):
+    def rt(name, values, dtype=np.float32):
+        np.save(d / name, np.asarray(values, dtype=dtype))
+        return name
+
+    # Each bad value: exit 2, the file, the row and the value named, nothing written; at TP 1
+    # and at TP 2 (every rank refuses it, before anything is computed).
+    for tp in ("1", "2"):
+        for i, bad in enumerate((0.0, -1.0, np.inf, np.nan)):
+            f = rt(f"rt_bad{i}.npy", [1.0, 0.5, bad, 2.0])
+            expect_bad(d, logprob_args(**{"--row-temperature": f, "--tp": tp}), f,
+                       "temperature of row 2 is", "finite number > 0")
+    expect_bad(d, logprob_args(**{"--row-temperature": rt("rt_short.npy", [1.0, 2.0])}),
+               "rt_short.npy", "shape [2]", "expected [4]")
+    expect_bad(d, logprob_args(**{"--row-temperature": rt("rt_i64.npy", [1] * ROWS,
+                                                           np.int64)}), "rt_i64.npy", "F32")
+    # With a scalar --temperature other than 1: a usage error naming both options.
+    expect_bad(d, logprob_args(**{"--row-temperature": rt("rt_ok.npy", [1.0] * ROWS),
+                                  "--temperature": "0.7"}), "--row-temperature", "--temperature")
+    expect_bad(d, logprob_args(**{"--row-temperature": "missing_rt.npy"}), "missing_rt.npy")

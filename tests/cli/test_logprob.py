@@ -89,6 +89,60 @@ def test_softcap_matches_float64_reference_and_tp(inputs):
     assert np.all(reference(inputs["x"], inputs["t"], inputs["mask"], REAL)[1] - lse > 5)
 
 
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_row_temperature_equals_scalar_calls_tp_and_reference(inputs, softcap):
+    """--row-temperature: each token has the bits of the whole batch scored at its own scalar
+    --temperature (logp, lse, entropy and its gradient row), at every --tp (uneven shards and
+    padding), within the float64 reference's bound."""
+    d = inputs["dir"]
+    temps = np.array([0.7, 1.0, 1.9, 0.7, 0.35, 1.0, 3.0], np.float32)
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"], gl=inputs["gl"],
+             gL=inputs["gL"], gH=inputs["gH"], rt=temps)
+    cap = [] if softcap is None else ["--softcap", softcap]
+    common = ["logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+              "mask.npy", "--real-vocab", REAL, "--tile-width", 64, "--entropy", "--grad-logp",
+              "gl.npy", "--grad-lse", "gL.npy", "--grad-entropy", "gH.npy", *cap]
+    names = ("logp", "lse", "entropy", "grad_logits")
+    for tp in (1, 3, 8):
+        p = run_cli(*common, "--tp", tp, "--row-temperature", "rt.npy",
+                    "--out", f"rt{tp}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+    for tp in (3, 8):
+        for k in names:
+            assert (raw_tensor_bytes(d / f"rt{tp}.safetensors", k)
+                    == raw_tensor_bytes(d / "rt1.safetensors", k)), (tp, k)
+    # The temperatures as the tensor `row_temperature` of a file holding other inputs too.
+    write_safetensors(d / "batch.safetensors", {"logits": inputs["x"], "row_temperature": temps})
+    p = run_cli(*common, "--tp", 2, "--row-temperature", "batch.safetensors",
+                "--out", "batch.out.safetensors", cwd=d)
+    assert p.returncode == 0, p.stderr
+    for k in names:
+        assert (raw_tensor_bytes(d / "batch.out.safetensors", k)
+                == raw_tensor_bytes(d / "rt1.safetensors", k)), k
+    out, meta = read_safetensors(d / "rt1.safetensors")
+    assert meta["row_temperature"] == "rt.npy" and meta["temperature"] == "1"
+    for tau in sorted(set(temps.tolist())):
+        p = run_cli(*common, "--temperature", tau, "--out", f"s{tau}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+        scalar, _ = read_safetensors(d / f"s{tau}.safetensors")
+        rows = temps == np.float32(tau)
+        for k in names:
+            a, b = out[k][1][rows], scalar[k][1][rows]
+            assert a.tobytes() == b.tobytes(), (tau, k)
+    logp, lse, h, grad = reference(inputs["x"], inputs["t"], inputs["mask"], REAL,
+                                   temperature=temps.astype(np.float64)[:, None],
+                                   gl=inputs["gl"], gL=inputs["gL"], gH=inputs["gH"],
+                                   softcap=softcap)
+    cap_term = 0 if softcap is None else 6 * 2.0**-23 * softcap / temps.min()
+    bound = 1e-5 + cap_term + 4e-6 * np.abs(lse).max()
+    np.testing.assert_allclose(out["logp"][1], logp, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["entropy"][1], h, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["grad_logits"][1][:, :REAL], grad,
+                               atol=1e-5 / temps.min(), rtol=1e-5)
+    assert np.all(out["grad_logits"][1][:, REAL:] == 0)
+
+
 def test_bf16_safetensors_bitwise_equal_across_tp(inputs):
     d = inputs["dir"]
     bits = to_bf16_bits(inputs["x"])
