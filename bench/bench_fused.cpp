@@ -15,6 +15,9 @@
 //   bench_fused ... --vocab 4096 --forward-only     (a quick run: a smaller vocabulary, no
 //   backward)
 //   bench_fused ... --dtype bf16 --fused-only       (the fused op's peak memory alone)
+//   bench_fused ... --softcap 30     (also the same op with a logit softcap of 30, each run of
+//   it interleaved with a plain one (A/B): its forward and backward times and their ratios to
+//   the plain op's, in wall-clock and in CPU seconds)
 #include <sys/resource.h>
 #include <time.h>
 
@@ -52,6 +55,7 @@ struct Args {
   bool skip_peak = false;
   bool forward_only = false;
   bool fused_only = false;  // no FMA peak, linear_logits or sgemm: the op's own memory
+  float softcap = 0.0f;     // > 0: also time the op with this cap, A/B against the plain op
 };
 
 // The options that take a value, each with where its value goes.
@@ -64,6 +68,7 @@ const std::pair<std::string_view, SetOption> kValueOptions[] = {
     {"--reps", [](Args& a, const std::string& v) { a.reps = std::stoi(v); }},
     {"--row-block", [](Args& a, const std::string& v) { a.row_block = std::stoll(v); }},
     {"--dtype", [](Args& a, const std::string& v) { a.dtype = v; }},
+    {"--softcap", [](Args& a, const std::string& v) { a.softcap = std::stof(v); }},
 };
 
 // The options without a value, each with the flag it sets.
@@ -228,35 +233,61 @@ int main(int argc, char** argv) {
   const std::optional<Timing> sgemm =
       a.fused_only ? std::nullopt : sgemm_seconds(a, dt, hidden, weight, &blas_core);
 
-  const LogprobContract c(
-      {.role = Role::train,
-       .dtype = dt,
-       .mask = MaskSpec::all_active(a.tokens),
-       .sharding = ShardingSpec({.tp_rank = 0,
-                                 .tp_world_size = 1,
-                                 .vocab_shard_bounds = layout.vocab_shard_bounds,
-                                 .real_vocab_size = a.vocab,
-                                 .padded_vocab_size = padded})});
-  // Through the registry, as the command line and Python obtain it: the production backend.
-  const FusedDispatchResult dispatched = get_fused_linear_logprob_op(c);
-  const FusedLinearLogprob& op = *dispatched.op;
+  auto contract = [&](std::optional<float> softcap) {
+    return LogprobContract(
+        {.role = Role::train,
+         .dtype = dt,
+         .mask = MaskSpec::all_active(a.tokens),
+         .sharding = ShardingSpec({.tp_rank = 0,
+                                   .tp_world_size = 1,
+                                   .vocab_shard_bounds = layout.vocab_shard_bounds,
+                                   .real_vocab_size = a.vocab,
+                                   .padded_vocab_size = padded}),
+         .softcap = softcap});
+  };
+  // One op as the bench times it: its contract, the op from the registry (as the command line
+  // and Python obtain it: the production backend), and its best forward and backward.
+  struct Timed {
+    LogprobContract c;
+    FusedDispatchResult dispatched;
+    FusedLogprobResult res;
+    Timing fwd, bwd{0, 0};
+  };
+  auto make_timed = [&](std::optional<float> softcap) {
+    LogprobContract c = contract(softcap);
+    FusedDispatchResult d = get_fused_linear_logprob_op(c);
+    return Timed{std::move(c), std::move(d), {}, {}, {a.forward_only ? 0.0 : 1e300, 0}};
+  };
+  Timed plain = make_timed(std::nullopt);
+  std::optional<Timed> capped;
+  if (a.softcap > 0) capped.emplace(make_timed(a.softcap));
+  const FusedLinearLogprob& op = *plain.dispatched.op;
   SelfComm self;
   std::vector<float> g_logp(static_cast<std::size_t>(a.tokens), 1.0f);
   std::vector<uint8_t> gh(hidden.size()), gw(weight.size());
-  FusedLogprobResult res;
-  const Timing fwd = best_seconds(a.reps, [&] {
-    res = op.forward(hv, wv, targets, c, self,
-                     {.exec = {.threads = a.threads}, .row_block = a.row_block});
-  });
-  const double fwd_s = fwd.wall;
-  Timing bwd{0, 0};
-  if (!a.forward_only) {
-    bwd = best_seconds(a.reps, [&] {
-      op.backward(res, {.grad_logp = g_logp},
-                  MutableLogitsView{gh.data(), dt, a.tokens, a.hidden, a.hidden},
-                  MutableLogitsView{gw.data(), dt, padded, a.hidden, a.hidden}, self);
+  // One forward (and backward) of `t`, keeping its best times.
+  auto run_once = [&](Timed& t) {
+    const FusedLinearLogprob& o = *t.dispatched.op;
+    const Timing f = best_seconds(1, [&] {
+      t.res = o.forward(hv, wv, targets, t.c, self,
+                        {.exec = {.threads = a.threads}, .row_block = a.row_block});
     });
+    if (f.wall < t.fwd.wall) t.fwd = f;
+    if (a.forward_only) return;
+    const Timing b = best_seconds(1, [&] {
+      o.backward(t.res, {.grad_logp = g_logp},
+                 MutableLogitsView{gh.data(), dt, a.tokens, a.hidden, a.hidden},
+                 MutableLogitsView{gw.data(), dt, padded, a.hidden, a.hidden}, self);
+    });
+    if (b.wall < t.bwd.wall) t.bwd = b;
+  };
+  for (int r = 0; r < a.reps; ++r) {  // A/B: the capped op right after the plain one
+    run_once(plain);
+    if (capped) run_once(*capped);
   }
+  const Timing fwd = plain.fwd;
+  const double fwd_s = fwd.wall;
+  const Timing bwd = plain.bwd;
   const double bwd_s = bwd.wall;
   const double fwd_gflops = flop / fwd_s / 1e9;
   std::optional<double> sgemm_gflops, sgemm_s, sgemm_cpu_s, fwd_vs_sgemm;
@@ -291,5 +322,23 @@ int main(int argc, char** argv) {
       json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s / fwd_s)).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(fwd_s + bwd_s)).c_str(),
       static_cast<double>(ru.ru_maxrss) / 1024.0, floor_mb, a.fused_only ? "true" : "false");
+  if (capped) {
+    const double cf = capped->fwd.wall, cb = capped->bwd.wall;
+    std::printf(
+        "{\"bench\": \"fused_softcap\", \"softcap\": %g, \"reps\": %d, \"forward_s\": %.4f, "
+        "\"softcap_forward_s\": %.4f, \"forward_ratio\": %.3f, \"forward_cpu_ratio\": %.3f, "
+        "\"backward_s\": %s, \"softcap_backward_s\": %s, \"backward_ratio\": %s, "
+        "\"backward_cpu_ratio\": %s, \"forward_backward_ratio\": %s}\n",
+        static_cast<double>(a.softcap), a.reps, fwd_s, cf, cf / fwd_s, capped->fwd.cpu / fwd.cpu,
+        json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s)).c_str(),
+        json_number(a.forward_only ? std::nullopt : std::optional<double>(cb)).c_str(),
+        json_number(a.forward_only ? std::nullopt : std::optional<double>(cb / bwd_s)).c_str(),
+        json_number(a.forward_only ? std::nullopt
+                                   : std::optional<double>(capped->bwd.cpu / bwd.cpu))
+            .c_str(),
+        json_number(a.forward_only ? std::nullopt
+                                   : std::optional<double>((cf + cb) / (fwd_s + bwd_s)))
+            .c_str());
+  }
   return 0;
 }

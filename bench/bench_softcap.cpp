@@ -3,10 +3,13 @@
 // hundred tokens), forward (partials of the shard's cover, roots), forward with entropy and
 // backward, each without and with a cap of 30, the two interleaved in one run (A/B, so a
 // loaded machine slows both alike). Reports the minimum thread CPU time on one thread (robust to
-// other processes) and the ratio capped / plain.
+// other processes) and the ratio capped / plain. Then what the cap's parts cost per element on
+// their own, on the same logits (one row at a time, in cache): the target's vector det_tanh (of
+// x / cap) and det_exp (of -|x|), each beside the plain and the capped forward per element.
 //
 //   bench_softcap [--rows 256] [--tp 4] [--reps 7]
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "detlogp/kernels.hpp"
+#include "kernels/cpu/simd/simd_kernels.hpp"
 
 namespace {
 
@@ -106,6 +110,7 @@ int main(int argc, char** argv) {
                                             [](Case& c) { c.forward(true); },
                                             [](Case& c) { c.backward(); }};
   const char* names[] = {"forward", "forward+entropy", "backward"};
+  double forward_s[2] = {0, 0};  // the forward's best seconds, plain and capped
   std::printf(
       "bench_softcap: %s, bf16, %lld rows x %lld columns (vocab %lld / TP %lld), "
       "1 thread, min thread CPU time of %d runs, A/B interleaved\n",
@@ -126,6 +131,37 @@ int main(int argc, char** argv) {
     }
     std::printf("%-16s %12.2f %12.2f %8.3f\n", names[op], 1e3 * best[0], 1e3 * best[1],
                 best[1] / best[0]);
+    if (op == 0) forward_s[0] = best[0], forward_s[1] = best[1];
   }
+  // The parts, element-wise over every row (one row's 64K floats at a time, in L2).
+  const detlogp::simd::TargetOps target = detlogp::simd::supported_target_ops().front();
+  std::vector<float> x(static_cast<size_t>(cols)), y(x.size());
+  auto per_element = [&](void (*fn)(const float*, float*, int64_t), auto prepare) {
+    double best = 1e30;
+    for (int rep = 0; rep <= reps; ++rep) {
+      double total = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          uint32_t u = static_cast<uint32_t>(data[static_cast<size_t>(r * cols + c)]) << 16;
+          float v;
+          std::memcpy(&v, &u, 4);
+          x[static_cast<size_t>(c)] = prepare(v);
+        }
+        const double t0 = thread_cpu_seconds();
+        fn(x.data(), y.data(), cols);
+        total += thread_cpu_seconds() - t0;
+      }
+      if (rep > 0) best = std::min(best, total);
+    }
+    return 1e9 * best / static_cast<double>(rows * cols);
+  };
+  const double elements = static_cast<double>(rows * cols);
+  const double tanh_ns = per_element(target.det_tanh_array, [](float v) { return v / 30.0f; });
+  const double exp_ns = per_element(target.det_exp_array, [](float v) { return -std::fabs(v); });
+  std::printf(
+      "per element (%s): forward %.3f ns, softcap forward %.3f ns (+%.3f); "
+      "det_tanh %.3f ns, det_exp %.3f ns (each an element-wise array: load, store)\n",
+      target.name, 1e9 * forward_s[0] / elements, 1e9 * forward_s[1] / elements,
+      1e9 * (forward_s[1] - forward_s[0]) / elements, tanh_ns, exp_ns);
   return 0;
 }
