@@ -8,7 +8,8 @@
 // resident memory at the end (ru_maxrss) covers the whole process, sgemm's [tokens, vocab]
 // output included: `--fused-only` runs the fused op alone (no FMA peak, linear_logits or sgemm)
 // for its own memory. bf16 inputs: sgemm runs on their fp32 upcast (the same values and flops;
-// the upcast is not timed). One JSON object on stdout; bench/fused_acceptance.sh runs the set.
+// the upcast is not timed). One JSON object on stdout (and a second, "fused_softcap", with
+// --softcap); bench/fused_acceptance.sh runs the set.
 //
 //   bench_fused --tokens 512 --hidden 4096 --vocab 37984 --threads 2 --dtype fp32
 //   bench_fused --tokens 4096 --hidden 2048 --vocab 32768 --threads 2 --dtype fp32
