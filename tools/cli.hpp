@@ -53,6 +53,7 @@ struct LogprobOptions {
   std::optional<int64_t> num_vocab_tiles;
   float temperature = 1.0f;
   std::string row_temperature;   // file of [tokens] F32 per-row temperatures; none by default
+  std::string kept_ids;          // file of [tokens, K] I64/I32 kept ids, -1 padded; none by default
   std::optional<float> softcap;  // the logit softcap; none by default
   std::string backend = "auto";
   std::string device = "cpu";

@@ -18,6 +18,7 @@
 #include "io/tensor_file.hpp"
 #include "memory/memory.hpp"
 #include "op/call_checks.hpp"
+#include "op/kept_sets.hpp"
 #include "scoring.hpp"
 
 namespace detlogp::cli {
@@ -88,8 +89,8 @@ void check_logprob_options(const LogprobOptions& o) {
                     "path (e.g. {}.provenance.json)",
                     o.provenance, o.out));
   }
-  for (const std::string* input : {&o.logits, &o.targets, &o.mask, &o.row_temperature, &o.grad_logp,
-                                   &o.grad_lse, &o.grad_entropy}) {
+  for (const std::string* input : {&o.logits, &o.targets, &o.mask, &o.row_temperature, &o.kept_ids,
+                                   &o.grad_logp, &o.grad_lse, &o.grad_entropy}) {
     if (input->empty()) continue;
     for (const std::string* output : {&o.out, &o.provenance}) {
       if (!output->empty() && same_file(*input, *output)) {
@@ -128,6 +129,8 @@ struct LogprobInputs {
   std::vector<int64_t> targets;
   std::vector<bool> active;
   std::vector<float> row_temperature;  // empty without --row-temperature
+  std::vector<int64_t> kept_ids;       // [tokens, kept_width]; empty without --kept-ids
+  int64_t kept_width = 0;
   std::vector<float> grad_logp, grad_lse, grad_entropy;
 };
 
@@ -179,6 +182,17 @@ LogprobInputs read_inputs(const LogprobOptions& o) {
     const io::Tensor t = io::read_tensor(o.row_temperature, "row_temperature");
     in.row_temperature = io::to_float_vector(t, o.row_temperature);
     check_per_token(t, o.row_temperature, tokens, o.logits);
+  }
+  if (!o.kept_ids.empty()) {
+    const io::Tensor t = io::read_tensor(o.kept_ids, "kept_ids");
+    in.kept_ids = io::to_int64_vector(t, o.kept_ids);
+    if (t.shape.size() != 2 || t.shape[0] != tokens || t.shape[1] < 1) {
+      throw ContractError(fmt::format(
+          "{}: tensor '{}' has shape {}; expected [{}, K >= 1] (each token's kept ids of {}, "
+          "-1 padded)",
+          o.kept_ids, t.name, io::format_shape(t.shape), tokens, o.logits));
+    }
+    in.kept_width = t.shape[1];
   }
   in.grad_logp = read_grad(o.grad_logp, "grad_logp", tokens, o.logits);
   in.grad_lse = read_grad(o.grad_lse, "grad_lse", tokens, o.logits);
@@ -250,6 +264,7 @@ void write_outputs(const LogprobOptions& o, const LogprobInputs& in, const Score
                         {"deterministic", o.deterministic ? "true" : "false"}};
   if (o.softcap) metadata["softcap"] = fmt::format("{}", *o.softcap);
   if (!o.row_temperature.empty()) metadata["row_temperature"] = o.row_temperature;
+  if (!o.kept_ids.empty()) metadata["kept_ids"] = o.kept_ids;
   io::write_tensors_to(tensors_out, out, metadata);
   std::string names;
   for (const io::TensorRef& t : out) names += (names.empty() ? "" : ", ") + std::string(t.name);
@@ -290,6 +305,7 @@ int logprob_command(const LogprobOptions& o) {
                          .tile_width = w,
                          .temperature = o.temperature,
                          .row_temperature = in.row_temperature,
+                         .kept = {.ids = in.kept_ids, .width = in.kept_width},
                          .softcap = o.softcap,
                          .backend = o.backend,
                          .platform = platform_of(device),
@@ -301,14 +317,23 @@ int logprob_command(const LogprobOptions& o) {
                                    .grad_lse = in.grad_lse,
                                    .grad_entropy = in.grad_entropy},
                          .collective_timeout = parse_collective_timeout(o.collective_timeout)};
-  // The operator's own rule for per-token temperatures (one per token, each finite and > 0),
+  // The operator's own rules for the per-token inputs (one temperature per token, each finite
+  // and > 0; kept ids in the real vocabulary, once per row, holding each active target),
   // applied before anything is computed, the error naming the file.
-  if (!in.row_temperature.empty()) {
+  if (!in.row_temperature.empty() || !in.kept_ids.empty()) {
     const LogprobContract contract = make_contract(req, 0);
-    try {
-      op::check_row_temperature(in.row_temperature, in.logits.rows, contract);
-    } catch (const ContractError& e) {
-      throw ContractError(e.code(), e.field(), fmt::format("{}: {}", o.row_temperature, e.what()));
+    auto check = [](const std::string& file, auto&& rule) {
+      try {
+        rule();
+      } catch (const ContractError& e) {
+        throw ContractError(e.code(), e.field(), fmt::format("{}: {}", file, e.what()));
+      }
+    };
+    check(o.row_temperature,
+          [&] { op::check_row_temperature(in.row_temperature, in.logits.rows, contract); });
+    if (req.kept.given()) {
+      check(o.kept_ids,
+            [&] { op::check_kept_ids(req.kept, in.logits.rows, in.targets, contract); });
     }
   }
   const bool backward = wants_backward(req.grads);

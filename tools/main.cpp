@@ -74,6 +74,9 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
   add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
   app.add_option("--row-temperature", o.row_temperature,
                  "[tokens] F32 per-token temperatures, each row's instead of --temperature");
+  app.add_option("--kept-ids", o.kept_ids,
+                 "[tokens, K] I64/I32 each token's kept vocabulary ids, -1 padded: logp, LSE and "
+                 "entropy over that set");
   app.add_option(
       "--softcap", o.softcap,
       "logit softcap: scores use cap * tanh(logits / cap) / temperature (default: none)");

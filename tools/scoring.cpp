@@ -125,7 +125,8 @@ RankScore score_rank(Communicator& comm, const ScoreRequest& request, const Logi
                             .validate = true,
                             .entropy = request.entropy,
                             .exec = {.threads = threads},
-                            .row_temperature = request.row_temperature};
+                            .row_temperature = request.row_temperature,
+                            .kept = request.kept};
   timed_phases(
       comm, request, out.forward_seconds, out.backward_seconds,
       [&] { out.result = d.op->forward(shard, request.targets, contract, comm, fopt); },

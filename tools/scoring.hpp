@@ -30,6 +30,8 @@ struct ScoreRequest {
   // Per-token temperatures of this (CP) slice (ForwardOptions::row_temperature): empty, or one
   // per token, the contract's temperature then 1.
   std::span<const float> row_temperature = {};
+  // Sampling-replay kept sets (ForwardOptions::kept): none by default.
+  KeptSetOptions kept = {};
   std::optional<float> softcap = std::nullopt;
   std::string backend = "auto";
   // Registry platform: "cpu", or "cuda" (device logits and gradient, see device.hpp).

@@ -248,3 +248,30 @@ def test_bad_row_temperatures(d):
     expect_bad(d, logprob_args(**{"--row-temperature": rt("rt_ok.npy", [1.0] * ROWS),
                                   "--temperature": "0.7"}), "--row-temperature", "--temperature")
     expect_bad(d, logprob_args(**{"--row-temperature": "missing_rt.npy"}), "missing_rt.npy")
+
+
+def test_bad_kept_ids(d):
+    t = np.load(d / "targets.npy")
+    ids = np.full((ROWS, 3), -1, np.int64)
+    ids[:, 0] = t
+    ids[:, 1] = (t + 1) % VOCAB
+
+    def kept(name, a):
+        np.save(d / name, a)
+        return name
+
+    bad = ids.copy()
+    bad[2, 2] = VOCAB + 5  # outside the real vocabulary
+    expect_bad(d, logprob_args(**{"--kept-ids": kept("k_range.npy", bad)}), "k_range.npy",
+               str(VOCAB + 5))
+    bad = ids.copy()
+    bad[1, 2] = bad[1, 0]  # twice in a row
+    expect_bad(d, logprob_args(**{"--kept-ids": kept("k_twice.npy", bad), "--tp": "2"}),
+               "k_twice.npy")
+    bad = ids.copy()
+    bad[3, 0] = (t[3] + 2) % VOCAB  # the target outside its set
+    expect_bad(d, logprob_args(**{"--kept-ids": kept("k_target.npy", bad)}), "k_target.npy")
+    expect_bad(d, logprob_args(**{"--kept-ids": kept("k_1d.npy", ids[:, 0])}), "k_1d.npy",
+               "expected [4, K >= 1]")
+    expect_bad(d, logprob_args(**{"--kept-ids": kept("k_f32.npy", ids.astype(np.float32))}),
+               "k_f32.npy", "I64 or I32")

@@ -143,6 +143,81 @@ def test_row_temperature_equals_scalar_calls_tp_and_reference(inputs, softcap):
     assert np.all(out["grad_logits"][1][:, REAL:] == 0)
 
 
+def kept_reference(x, targets, mask, ids, gl, gL, gH):
+    """float64 logp, lse, entropy and the gradient over each row's kept set (ids, -1 padded):
+    softmax over S only, zero gradient outside S."""
+    z = x.astype(np.float64)
+    logp, lse, h = (np.zeros(len(targets)) for _ in range(3))
+    grad = np.zeros_like(z)
+    for r in range(len(targets)):
+        s = ids[r][ids[r] >= 0]
+        zs = z[r, s]
+        lse[r] = zs.max() + np.log(np.exp(zs - zs.max()).sum())
+        p = np.exp(zs - lse[r])
+        h[r] = -(p * (zs - lse[r])).sum()
+        g = gL[r] * p - gH[r] * p * (zs - lse[r] + h[r])
+        if mask[r]:
+            logp[r] = z[r, targets[r]] - lse[r]
+            g += gl[r] * ((s == targets[r]) - p)
+        grad[r, s] = g
+    return logp, lse, h, grad
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_kept_ids_tp_order_and_reference(inputs, softcap):
+    """--kept-ids: logp, LSE and entropy over each token's kept set, the gradient only in kept
+    columns; the same bits at every --tp and whatever the order of a row's ids; within the
+    float64 reference's bound."""
+    d = inputs["dir"]
+    rng = np.random.default_rng(5)
+    width = 70
+    ids = np.full((ROWS, width), -1, np.int64)
+    for r in range(ROWS):
+        n = [70, 1, 33, 64, 5, 70, 40][r]
+        s = rng.choice(REAL, size=n, replace=False)
+        if inputs["mask"][r] and inputs["t"][r] not in s:
+            s[0] = inputs["t"][r]
+        ids[r, :n] = s
+    shuffled = ids.copy()
+    for r in range(ROWS):
+        rng.shuffle(shuffled[r])  # -1 padding anywhere in the row
+    save_npy(d, logits=inputs["x"], targets=inputs["t"], mask=inputs["mask"], gl=inputs["gl"],
+             gL=inputs["gL"], gH=inputs["gH"], kept=ids, kept32=shuffled.astype(np.int32))
+    cap = [] if softcap is None else ["--softcap", softcap]
+    common = ["logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+              "mask.npy", "--real-vocab", REAL, "--entropy", "--grad-logp", "gl.npy",
+              "--grad-lse", "gL.npy", "--grad-entropy", "gH.npy", *cap]
+    names = ("logp", "lse", "entropy", "grad_logits")
+    runs = [(1, "kept.npy"), (3, "kept.npy"), (8, "kept.npy"), (2, "kept32.npy")]
+    for tp, f in runs:
+        p = run_cli(*common, "--tp", tp, "--tile-width", 64, "--kept-ids", f,
+                    "--out", f"k{tp}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+    for tp, _ in runs[1:]:
+        for k in names:
+            assert (raw_tensor_bytes(d / f"k{tp}.safetensors", k)
+                    == raw_tensor_bytes(d / "k1.safetensors", k)), (tp, k)
+    out, meta = read_safetensors(d / "k1.safetensors")
+    assert meta["kept_ids"] == "kept.npy"
+    x = inputs["x"][:, :REAL].astype(np.float64)
+    if softcap is not None:
+        x = softcap * np.tanh(x / softcap)
+    logp, lse, h, grad = kept_reference(x, inputs["t"], inputs["mask"], ids, inputs["gl"],
+                                        inputs["gL"], inputs["gH"])
+    if softcap is not None:
+        grad = grad * (1 - np.tanh(inputs["x"][:, :REAL].astype(np.float64) / softcap) ** 2)
+    bound = 1e-5 + 4e-6 * np.abs(lse).max() + (0 if softcap is None else 6 * 2.0**-23 * softcap)
+    np.testing.assert_allclose(out["logp"][1], logp, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["lse"][1], lse, atol=bound, rtol=0)
+    np.testing.assert_allclose(out["entropy"][1], h, atol=bound, rtol=0)
+    g = out["grad_logits"][1]
+    np.testing.assert_allclose(g[:, :REAL], grad, atol=1e-5, rtol=1e-5)
+    outside = np.ones((ROWS, PADDED), bool)
+    for r in range(ROWS):
+        outside[r, ids[r][ids[r] >= 0]] = False
+    assert np.all(g[outside] == 0)  # every column outside the kept set, padding included
+
+
 def test_bf16_safetensors_bitwise_equal_across_tp(inputs):
     d = inputs["dir"]
     bits = to_bf16_bits(inputs["x"])

@@ -1,6 +1,7 @@
-"""`detlogp logprob --row-temperature` against the Python call with a tensor of temperatures:
-the same bits (logp, entropy and the logits gradient), with and without a softcap, at TP 1 and
-3 of the command line."""
+"""`detlogp logprob` against the Python call on the same inputs: per-token temperatures
+(`--row-temperature`, a tensor `temperature=`) and kept sets (`--kept-ids`, `kept_ids=`) give the
+same bits (logp, entropy and the logits gradient), with and without a softcap, at TP 1 and 3 of
+the command line."""
 
 import os
 import pathlib
@@ -61,3 +62,43 @@ def test_cli_row_temperature_equals_python_call(tmp_path, softcap):
         g = got["grad_logits"]
         assert g[:, :REAL].tobytes() == xg.grad[:, :REAL].contiguous().numpy().tobytes()
         assert np.all(g[:, REAL:] == 0)
+
+
+@pytest.mark.parametrize("softcap", [None, 8.0])
+def test_cli_kept_ids_equal_python_call(tmp_path, softcap):
+    binary = cli_binary()
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(ROWS, PADDED, generator=gen) * 6
+    x[:, REAL:] = 1e4  # padding: never read
+    t = torch.randint(0, REAL, (ROWS,), generator=gen)
+    kept = torch.full((ROWS, 40), -1, dtype=torch.int64)
+    for r in range(ROWS):
+        n = 1 + (r * 7) % 40
+        ids = torch.randperm(REAL, generator=gen)[:n]
+        if t[r] not in ids:
+            ids[n // 2] = t[r]
+        kept[r, :n] = ids  # in no order
+    xg = x.clone().requires_grad_(True)
+    logp, ent = vocab_parallel_logprobs(xg, t, real_vocab=REAL, entropy=True, tile_width=W,
+                                        softcap=softcap, kept_ids=kept)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+
+    np.save(tmp_path / "logits.npy", x.numpy())
+    np.save(tmp_path / "targets.npy", t.numpy().astype(np.int64))
+    np.save(tmp_path / "kept.npy", kept.numpy())
+    np.save(tmp_path / "gl.npy", np.ones(ROWS, np.float32))
+    np.save(tmp_path / "gh.npy", np.full(ROWS, 0.5, np.float32))
+    cap = [] if softcap is None else ["--softcap", str(softcap)]
+    for tp in (1, 3):
+        out = tmp_path / f"out{tp}.safetensors"
+        p = subprocess.run([str(binary), "logprob", "--logits", "logits.npy", "--targets",
+                            "targets.npy", "--real-vocab", str(REAL), "--tile-width", str(W),
+                            "--tp", str(tp), "--kept-ids", "kept.npy", "--entropy",
+                            "--grad-logp", "gl.npy", "--grad-entropy", "gh.npy", *cap,
+                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        got = {k: a for k, (_, a) in read_safetensors(out)[0].items()}
+        assert got["logp"].tobytes() == logp.detach().numpy().tobytes()
+        assert got["entropy"].tobytes() == ent.detach().numpy().tobytes()
+        assert got["grad_logits"].tobytes() == xg.grad.contiguous().numpy().tobytes()
