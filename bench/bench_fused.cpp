@@ -8,8 +8,8 @@
 // resident memory at the end (ru_maxrss) covers the whole process, sgemm's [tokens, vocab]
 // output included: `--fused-only` runs the fused op alone (no FMA peak, linear_logits or sgemm)
 // for its own memory. bf16 inputs: sgemm runs on their fp32 upcast (the same values and flops;
-// the upcast is not timed). One JSON object on stdout (and a second, "fused_softcap", with
-// --softcap); bench/fused_acceptance.sh runs the set.
+// the upcast is not timed). One JSON object on stdout (and one more, "fused_softcap" or
+// "fused_kept", for each of --softcap and --kept); bench/fused_acceptance.sh runs the set.
 //
 //   bench_fused --tokens 512 --hidden 4096 --vocab 37984 --threads 2 --dtype fp32
 //   bench_fused --tokens 4096 --hidden 2048 --vocab 32768 --threads 2 --dtype fp32
@@ -19,6 +19,8 @@
 //   bench_fused ... --softcap 30     (also the same op with a logit softcap of 30, each run of
 //   it interleaved with a plain one (A/B): its forward and backward times and their ratios to
 //   the plain op's, in wall-clock and in CPU seconds)
+//   bench_fused ... --kept 512       (also the same op with kept sets of 512 random ids per row,
+//   the target among them, A/B as --softcap)
 #include <sys/resource.h>
 #include <time.h>
 
@@ -57,6 +59,7 @@ struct Args {
   bool forward_only = false;
   bool fused_only = false;  // no FMA peak, linear_logits or sgemm: the op's own memory
   float softcap = 0.0f;     // > 0: also time the op with this cap, A/B against the plain op
+  int64_t kept = 0;         // > 0: also time the op with kept sets of this many ids, A/B
 };
 
 // The options that take a value, each with where its value goes.
@@ -70,6 +73,7 @@ const std::pair<std::string_view, SetOption> kValueOptions[] = {
     {"--row-block", [](Args& a, const std::string& v) { a.row_block = std::stoll(v); }},
     {"--dtype", [](Args& a, const std::string& v) { a.dtype = v; }},
     {"--softcap", [](Args& a, const std::string& v) { a.softcap = std::stof(v); }},
+    {"--kept", [](Args& a, const std::string& v) { a.kept = std::stoll(v); }},
 };
 
 // The options without a value, each with the flag it sets.
@@ -251,17 +255,32 @@ int main(int argc, char** argv) {
   struct Timed {
     LogprobContract c;
     FusedDispatchResult dispatched;
+    std::vector<int64_t> kept_ids;  // [tokens, kept] or empty
     FusedLogprobResult res;
     Timing fwd, bwd{0, 0};
   };
-  auto make_timed = [&](std::optional<float> softcap) {
+  auto make_timed = [&](std::optional<float> softcap, int64_t kept) {
     LogprobContract c = contract(softcap);
     FusedDispatchResult d = get_fused_linear_logprob_op(c);
-    return Timed{std::move(c), std::move(d), {}, {}, {a.forward_only ? 0.0 : 1e300, 0}};
+    // `kept` distinct random ids per row, the target first.
+    std::vector<int64_t> ids(static_cast<std::size_t>(a.tokens * kept));
+    std::mt19937_64 gen(3);
+    std::uniform_int_distribution<int64_t> pick(0, a.vocab - 1);
+    for (int64_t i = 0; i < a.tokens && kept > 0; ++i) {
+      auto row = ids.begin() + i * kept;
+      row[0] = targets[static_cast<std::size_t>(i)];
+      for (int64_t n = 1; n < kept;) {
+        const int64_t id = pick(gen);
+        if (std::find(row, row + n, id) == row + n) row[n++] = id;
+      }
+    }
+    return Timed{std::move(c), std::move(d), std::move(ids),
+                 {},           {},           {a.forward_only ? 0.0 : 1e300, 0}};
   };
-  Timed plain = make_timed(std::nullopt);
-  std::optional<Timed> capped;
-  if (a.softcap > 0) capped.emplace(make_timed(a.softcap));
+  Timed plain = make_timed(std::nullopt, 0);
+  std::optional<Timed> capped, kept;
+  if (a.softcap > 0) capped.emplace(make_timed(a.softcap, 0));
+  if (a.kept > 0) kept.emplace(make_timed(std::nullopt, a.kept));
   const FusedLinearLogprob& op = *plain.dispatched.op;
   SelfComm self;
   std::vector<float> g_logp(static_cast<std::size_t>(a.tokens), 1.0f);
@@ -271,7 +290,9 @@ int main(int argc, char** argv) {
     const FusedLinearLogprob& o = *t.dispatched.op;
     const Timing f = best_seconds(1, [&] {
       t.res = o.forward(hv, wv, targets, t.c, self,
-                        {.exec = {.threads = a.threads}, .row_block = a.row_block});
+                        {.exec = {.threads = a.threads},
+                         .row_block = a.row_block,
+                         .kept = {.ids = t.kept_ids, .width = t.kept_ids.empty() ? 0 : a.kept}});
     });
     if (f.wall < t.fwd.wall) t.fwd = f;
     if (a.forward_only) return;
@@ -282,9 +303,10 @@ int main(int argc, char** argv) {
     });
     if (b.wall < t.bwd.wall) t.bwd = b;
   };
-  for (int r = 0; r < a.reps; ++r) {  // A/B: the capped op right after the plain one
+  for (int r = 0; r < a.reps; ++r) {  // A/B: each variant right after the plain op
     run_once(plain);
     if (capped) run_once(*capped);
+    if (kept) run_once(*kept);
   }
   const Timing fwd = plain.fwd;
   const double fwd_s = fwd.wall;
@@ -323,23 +345,26 @@ int main(int argc, char** argv) {
       json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s / fwd_s)).c_str(),
       json_number(a.forward_only ? std::nullopt : std::optional<double>(fwd_s + bwd_s)).c_str(),
       static_cast<double>(ru.ru_maxrss) / 1024.0, floor_mb, a.fused_only ? "true" : "false");
-  if (capped) {
-    const double cf = capped->fwd.wall, cb = capped->bwd.wall;
+  // A variant against the plain op: its times and their ratios (wall-clock and CPU seconds).
+  auto print_ab = [&](const char* bench, const std::string& variant, const Timed& t) {
+    const double vf = t.fwd.wall, vb = t.bwd.wall;
+    auto unless_forward_only = [&](double v) {
+      return json_number(a.forward_only ? std::nullopt : std::optional<double>(v));
+    };
     std::printf(
-        "{\"bench\": \"fused_softcap\", \"softcap\": %g, \"reps\": %d, \"forward_s\": %.4f, "
-        "\"softcap_forward_s\": %.4f, \"forward_ratio\": %.3f, \"forward_cpu_ratio\": %.3f, "
-        "\"backward_s\": %s, \"softcap_backward_s\": %s, \"backward_ratio\": %s, "
-        "\"backward_cpu_ratio\": %s, \"forward_backward_ratio\": %s}\n",
-        static_cast<double>(a.softcap), a.reps, fwd_s, cf, cf / fwd_s, capped->fwd.cpu / fwd.cpu,
-        json_number(a.forward_only ? std::nullopt : std::optional<double>(bwd_s)).c_str(),
-        json_number(a.forward_only ? std::nullopt : std::optional<double>(cb)).c_str(),
-        json_number(a.forward_only ? std::nullopt : std::optional<double>(cb / bwd_s)).c_str(),
-        json_number(a.forward_only ? std::nullopt
-                                   : std::optional<double>(capped->bwd.cpu / bwd.cpu))
-            .c_str(),
-        json_number(a.forward_only ? std::nullopt
-                                   : std::optional<double>((cf + cb) / (fwd_s + bwd_s)))
-            .c_str());
+        "{\"bench\": \"%s\", %s, \"reps\": %d, \"forward_s\": %.4f, \"variant_forward_s\": "
+        "%.4f, \"forward_ratio\": %.3f, \"forward_cpu_ratio\": %.3f, \"backward_s\": %s, "
+        "\"variant_backward_s\": %s, \"backward_ratio\": %s, \"backward_cpu_ratio\": %s, "
+        "\"forward_backward_ratio\": %s}\n",
+        bench, variant.c_str(), a.reps, fwd_s, vf, vf / fwd_s, t.fwd.cpu / fwd.cpu,
+        unless_forward_only(bwd_s).c_str(), unless_forward_only(vb).c_str(),
+        unless_forward_only(vb / bwd_s).c_str(), unless_forward_only(t.bwd.cpu / bwd.cpu).c_str(),
+        unless_forward_only((vf + vb) / (fwd_s + bwd_s)).c_str());
+  };
+  if (capped) {
+    print_ab("fused_softcap", "\"softcap\": " + json_number(static_cast<double>(a.softcap)),
+             *capped);
   }
+  if (kept) print_ab("fused_kept", "\"kept\": " + std::to_string(a.kept), *kept);
   return 0;
 }
