@@ -49,6 +49,10 @@ struct PreflightFacts {
   // digest of each row's set (not of the order of its ids) and the outside mode. Must outlive
   // run_preflight.
   KeptSetOptions kept;
+  // The call's per-row top_k and top_p of recomputed kept sets (empty: none); the record
+  // carries a digest of each. Must outlive run_preflight.
+  std::span<const int32_t> top_k;
+  std::span<const float> top_p;
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.
   std::optional<std::string> local_error;
@@ -67,8 +71,8 @@ int64_t preflight_record_bytes();
 // rank failed locally; otherwise throws ContractError on every rank. The rank whose local
 // validation failed rethrows its own message. Ranks whose rows layouts differ are reported
 // first, with field "rows_layout" (every other difference follows from it); ranks whose per-row
-// temperatures differ next, with field "temperature"; ranks whose kept sets differ last, with
-// field "kept_ids".
+// temperatures differ next, with field "temperature"; ranks whose kept sets differ next, with
+// field "kept_ids"; ranks whose top_k or top_p differ last, with field "top_k" or "top_p".
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
 
 // An operator call's first two steps: this rank's local checks, then, whenever the call is

@@ -112,16 +112,31 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
   return fmt::format("{:016x}{:016x}", a, b);
 }
 
-std::string row_temperature_digest(std::span<const float> row_temperature) {
-  if (row_temperature.empty()) return {};
+namespace {
+
+// A 128-bit digest of 32-bit per-row values (every row, in row order, by their bits).
+template <class T>
+std::string per_row_digest(std::span<const T> values) {
+  static_assert(sizeof(T) == 4);
+  if (values.empty()) return {};
   uint64_t a = 0, b = 0;
-  for (std::size_t i = 0; i < row_temperature.size(); ++i) {
-    const uint64_t t = std::bit_cast<uint32_t>(row_temperature[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const uint64_t t = std::bit_cast<uint32_t>(values[i]);
     a += mix64(t ^ mix64(i + 0x9e3779b97f4a7c15ULL));
     b += mix64(t + mix64(i ^ 0xd1b54a32d192ed03ULL) * 3);
   }
   return fmt::format("{:016x}{:016x}", a, b);
 }
+
+}  // namespace
+
+std::string row_temperature_digest(std::span<const float> row_temperature) {
+  return per_row_digest(row_temperature);
+}
+
+std::string top_k_digest(std::span<const int32_t> top_k) { return per_row_digest(top_k); }
+
+std::string top_p_digest(std::span<const float> top_p) { return per_row_digest(top_p); }
 
 std::string kept_digest(const KeptSetOptions& kept) {
   if (!kept.given()) return {};
@@ -155,6 +170,8 @@ PreflightRecord encode_record(const PreflightFacts& f) {
   }
   put_text(r.row_temperature_digest, row_temperature_digest(f.row_temperature));
   put_text(r.kept_digest, kept_digest(f.kept));
+  put_text(r.top_k_digest, top_k_digest(f.top_k));
+  put_text(r.top_p_digest, top_p_digest(f.top_p));
   r.tile_width = f.tile_width;
   r.local_begin = f.local_begin;
   r.local_end = f.local_end;
@@ -238,6 +255,16 @@ std::optional<std::string> kept_disagreement(std::span<const PreflightRecord> al
   if (all.size() < 2) return std::nullopt;
   return compare("kept sets", all, [](const PreflightRecord& r) {
     const std::string digest = get_text(r.kept_digest);
+    return digest.empty() ? std::string("none") : "digest " + digest;
+  });
+}
+
+std::optional<std::string> kept_selection_disagreement(std::span<const PreflightRecord> all,
+                                                       std::string_view field) {
+  if (all.size() < 2) return std::nullopt;
+  const bool k = field == "top_k";
+  return compare(k ? "top_k values" : "top_p values", all, [k](const PreflightRecord& r) {
+    const std::string digest = get_text(k ? r.top_k_digest : r.top_p_digest);
     return digest.empty() ? std::string("none") : "digest " + digest;
   });
 }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "op/preflight.hpp"
@@ -31,6 +32,8 @@ struct PreflightRecord {
   std::array<char, 40> targets_digest;
   std::array<char, 40> row_temperature_digest;  // empty text: no per-row temperatures
   std::array<char, 48> kept_digest;             // empty text: no kept sets
+  std::array<char, 40> top_k_digest;            // empty text: no top_k
+  std::array<char, 40> top_p_digest;            // empty text: no top_p
   std::array<char, 64> rows_layout;
   int64_t tile_width;
   int64_t local_begin;
@@ -60,6 +63,11 @@ std::string row_temperature_digest(std::span<const float> row_temperature);
 // padding), then the outside mode; empty for none.
 std::string kept_digest(const KeptSetOptions& kept);
 
+// 128-bit digests (32 hex digits) of per-row top_k and top_p values (every row, in row order,
+// by their bits); empty for none.
+std::string top_k_digest(std::span<const int32_t> top_k);
+std::string top_p_digest(std::span<const float> top_p);
+
 PreflightRecord encode_record(const PreflightFacts& facts);
 
 // The text after "cross-rank preflight failed: " when the ranks are in different calls (one in
@@ -83,5 +91,11 @@ std::optional<std::string> row_temperature_disagreement(std::span<const Prefligh
 // The text after "cross-rank preflight failed: " when the ranks' kept sets differ (or some pass
 // them and others do not), else nullopt. Checked after row_temperature_disagreement.
 std::optional<std::string> kept_disagreement(std::span<const PreflightRecord> all);
+
+// The text after "cross-rank preflight failed: " when the ranks' top_k (`field` "top_k") or
+// top_p ("top_p") values differ (or some pass them and others do not), else nullopt. Checked
+// after kept_disagreement.
+std::optional<std::string> kept_selection_disagreement(std::span<const PreflightRecord> all,
+                                                       std::string_view field);
 
 }  // namespace detlogp::op
