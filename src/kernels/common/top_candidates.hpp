@@ -1,0 +1,54 @@
+#pragma once
+// The per-shard scan of recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k,
+// top-p)"): for each row, the shard's first `count` real columns in the canonical ranking,
+// with their scored values z. A scalar scan: each z is the canon's scored value (widened or
+// the canonical dot, softcapped, divided by the row's temperature), the same bits on every
+// SIMD target, and the ranking is a total order, so the result depends on nothing but the
+// shard's values.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "detlogp/kernels.hpp"
+
+namespace detlogp::kernels {
+
+// One candidate: a global vocabulary id and its scored value. id -1 marks padding. 16 bytes,
+// trivially copyable: it travels as is in the candidates' all-gather.
+struct Candidate {
+  int64_t id = -1;
+  float z = 0.0f;
+  uint32_t reserved = 0;  // always 0
+};
+static_assert(sizeof(Candidate) == 16);
+
+// The canonical ranking: a NaN z first (above every number; NaNs among themselves by id),
+// then z descending (-0 and +0 are equal), then id ascending. A strict total order on
+// candidates with distinct ids.
+inline bool ranks_before(const Candidate& a, const Candidate& b) {
+  const bool an = a.z != a.z;
+  const bool bn = b.z != b.z;
+  if (an != bn) return an;
+  if (!an && a.z != b.z) return a.z > b.z;
+  return a.id < b.id;
+}
+
+// Ranks `pool` and keeps its first `count` candidates (all of them when it has fewer).
+void keep_first(std::vector<Candidate>& pool, std::size_t count);
+
+// For each row r of the shard: its first counts[r] real columns (global id < real vocab) in
+// the canonical ranking, ranked, at out[r * width, ...), the rest of the row padded (id -1).
+// counts[r] <= width; out has rows * width entries.
+void shard_top_candidates(const LogitsView& shard, const ShardSpec& spec,
+                          std::span<const int64_t> counts, int64_t width, std::span<Candidate> out);
+
+// The same for the fused lm_head: the logits are the canonical dot products of the hidden
+// rows with blocks of `kScanBlock` weight rows (FusedKernels::linear_logits on [rows, block]
+// pieces, never [rows, local vocab]), softcapped and divided by the row's temperature.
+inline constexpr int64_t kScanBlock = 512;
+void fused_top_candidates(const FusedKernels& kernels, const FusedShard& shard,
+                          std::span<const int64_t> counts, int64_t width, std::span<Candidate> out,
+                          const ExecOptions& exec = {});
+
+}  // namespace detlogp::kernels
