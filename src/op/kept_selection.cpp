@@ -193,7 +193,7 @@ KeptSelection select_kept_sets_of_logits(Communicator& comm, const ShardKernels&
                                          const LogprobContract& c, const LogitsView& shard,
                                          std::span<const float> row_temperature,
                                          const KeptSelectionParams& params,
-                                         std::span<const float> full_lse) {
+                                         std::span<const float> full_lse, const ExecOptions& exec) {
   const ShardSpec spec{.vocab_start = c.sharding().local_vocab_start(),
                        .geometry = tile_geometry(c),
                        .temperature = c.temperature(),
@@ -203,7 +203,7 @@ KeptSelection select_kept_sets_of_logits(Communicator& comm, const ShardKernels&
       candidate_counts(params, shard.rows, c.sharding().real_vocab_size());
   const int64_t width = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
   std::vector<Candidate> local(static_cast<std::size_t>(shard.rows * width));
-  kernels::shard_top_candidates(shard, spec, counts, width, local);
+  kernels::shard_top_candidates(shard, spec, counts, width, local, exec);
   return select_kept_sets(comm, kernels, params, shard.rows, local, width,
                           c.sharding().real_vocab_size(), full_lse);
 }

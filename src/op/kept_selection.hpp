@@ -67,12 +67,13 @@ float kept_scores_lse(const ShardKernels& kernels, std::span<const float> z);
 
 // The whole selection for the logits operator's shard on this rank: the scan (z as
 // read_target_logits computes it: the contract's softcap and temperature, or the per-row
-// temperatures), then select_kept_sets.
+// temperatures; rows spread over exec.threads), then select_kept_sets.
 KeptSelection select_kept_sets_of_logits(Communicator& comm, const ShardKernels& kernels,
                                          const LogprobContract& c, const LogitsView& shard,
                                          std::span<const float> row_temperature,
                                          const KeptSelectionParams& params,
-                                         std::span<const float> full_lse);
+                                         std::span<const float> full_lse,
+                                         const ExecOptions& exec = {});
 
 // The same for the fused lm_head's shard (candidates from blocks of canonical logits).
 KeptSelection select_kept_sets_of_fused(Communicator& comm, const FusedKernels& kernels,

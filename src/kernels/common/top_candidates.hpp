@@ -4,7 +4,7 @@
 // with their scored values z. A scalar scan: each z is the canon's scored value (widened or
 // the canonical dot, softcapped, divided by the row's temperature), the same bits on every
 // SIMD target, and the ranking is a total order, so the result depends on nothing but the
-// shard's values.
+// shard's values (not on the thread count: each row is its own work item).
 
 #include <cstdint>
 #include <span>
@@ -14,14 +14,15 @@
 
 namespace detlogp::kernels {
 
-// One candidate: a global vocabulary id and its scored value. id -1 marks padding. 16 bytes,
-// trivially copyable: it travels as is in the candidates' all-gather.
+// One candidate: a global vocabulary id and its scored value; id -1 marks padding. 8 bytes,
+// trivially copyable: it travels as is in the candidates' all-gather (vocabulary ids fit in
+// int32: the scans reject a real vocabulary beyond kMaxCandidateVocab).
 struct Candidate {
-  int64_t id = -1;
+  int32_t id = -1;
   float z = 0.0f;
-  uint32_t reserved = 0;  // always 0
 };
-static_assert(sizeof(Candidate) == 16);
+static_assert(sizeof(Candidate) == 8);
+inline constexpr int64_t kMaxCandidateVocab = int64_t{1} << 31;
 
 // The canonical ranking: a NaN z first (above every number; NaNs among themselves by id),
 // then z descending (-0 and +0 are equal), then id ascending. A strict total order on
@@ -34,14 +35,37 @@ inline bool ranks_before(const Candidate& a, const Candidate& b) {
   return a.id < b.id;
 }
 
+// The first `count` of a stream of candidates (distinct ids) in the canonical ranking, in
+// O(count) memory and mostly one comparison per candidate: once `count` are held, a candidate
+// that does not rank before the count-th best seen so far cannot be among the first.
+class TopCandidates {
+ public:
+  explicit TopCandidates(std::size_t count) : count_(count) {}
+  void offer(const Candidate& c) {
+    if (count_ == 0 || (has_bar_ && !ranks_before(c, bar_))) return;
+    pool_.push_back(c);
+    if (pool_.size() >= 2 * count_) compact();
+  }
+  // The first `count` (all when fewer were offered), ranked.
+  std::vector<Candidate>& ranked();
+
+ private:
+  void compact();
+  std::size_t count_;
+  std::vector<Candidate> pool_;
+  Candidate bar_;  // the count-th best seen, once has_bar_
+  bool has_bar_ = false;
+};
+
 // Ranks `pool` and keeps its first `count` candidates (all of them when it has fewer).
 void keep_first(std::vector<Candidate>& pool, std::size_t count);
 
 // For each row r of the shard: its first counts[r] real columns (global id < real vocab) in
 // the canonical ranking, ranked, at out[r * width, ...), the rest of the row padded (id -1).
-// counts[r] <= width; out has rows * width entries.
+// counts[r] <= width; out has rows * width entries. Rows are spread over exec.threads.
 void shard_top_candidates(const LogitsView& shard, const ShardSpec& spec,
-                          std::span<const int64_t> counts, int64_t width, std::span<Candidate> out);
+                          std::span<const int64_t> counts, int64_t width, std::span<Candidate> out,
+                          const ExecOptions& exec = {});
 
 // The same for the fused lm_head: the logits are the canonical dot products of the hidden
 // rows with blocks of `kScanBlock` weight rows (FusedKernels::linear_logits on [rows, block]

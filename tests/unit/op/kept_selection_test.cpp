@@ -127,7 +127,7 @@ op::KeptSelection select_tp(const ShardKernels& kernels, const FullLogits& logit
     op::check_then_preflight(comm, tp, facts,
                              [&] { op::check_kept_selection(params.view(), logits.rows); });
     got[static_cast<std::size_t>(r)] = op::select_kept_sets_of_logits(
-        comm, reference_kernels(), c, shard, o.row_temperature, params.view(), fwd.lse);
+        comm, kernels, c, shard, o.row_temperature, params.view(), fwd.lse, fopt.exec);
   });
   for (int r = 1; r < tp; ++r) {
     EXPECT_EQ(got[static_cast<std::size_t>(r)].ids, got[0].ids) << "rank " << r;
@@ -241,7 +241,7 @@ TEST(KeptSelection, ARowsSetDoesNotDependOnTheBatch) {
   }
 }
 
-TEST(KeptSelection, KernelsAndThreadsOfTheForwardDoNotMatter) {
+TEST(KeptSelection, KernelsAndThreadsDoNotMatter) {
   const int64_t real = 2500, rows = 10;
   // Top-p without top-k on most rows: their probabilities use the forward's full LSE.
   const Params params = params_for(rows, {{0, 0.9f}, {0, 0.6f}, {3, 0.5f}, {0, 0.93f}});
@@ -434,8 +434,11 @@ TEST(KeptSelection, TheFusedScanFindsTheLogitsOpsSets) {
                              .geometry = op::tile_geometry(c),
                              .softcap = 20.0f,
                              .row_temperature = temps};
-      got[static_cast<std::size_t>(r)] =
-          op::select_kept_sets_of_fused(comm, kernels, shard, params.view(), fwd.lse);
+      got[static_cast<std::size_t>(r)] = op::select_kept_sets_of_fused(
+          comm, kernels, shard, params.view(), fwd.lse, {.threads = 1});
+      const op::KeptSelection threaded = op::select_kept_sets_of_fused(
+          comm, kernels, shard, params.view(), fwd.lse, {.threads = 3});
+      EXPECT_EQ(threaded.ids, got[static_cast<std::size_t>(r)].ids) << "3 threads";
     });
     // The logits operator on the canonical logits with the same scoring.
     const FullLogits z = logits_of(hidden, weight);
@@ -446,6 +449,39 @@ TEST(KeptSelection, TheFusedScanFindsTheLogitsOpsSets) {
       EXPECT_EQ(got[static_cast<std::size_t>(r)].ids, want.ids) << "TP " << tp << " rank " << r;
     }
     expect_oracle(want, z, real, params, 20.0f, temps, "fused TP " + std::to_string(tp));
+  }
+}
+
+TEST(KeptSelection, TheStreamingTopListIsTheFirstOfTheFullRanking) {
+  // Values with many ties (a few distinct levels), -0 and +0, NaNs and infinities, offered in
+  // a shuffled order; every count from 0 to beyond the stream's length.
+  std::mt19937 gen(41);
+  const float levels[] = {0.5f,
+                          -0.0f,
+                          0.0f,
+                          3.0f,
+                          -1.0f,
+                          3.0f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+  std::vector<kernels::Candidate> stream;
+  for (int32_t id = 0; id < 3000; ++id) {
+    const float z = id % 5 == 0 ? std::normal_distribution<float>(0.0f, 2.0f)(gen)
+                                : levels[gen() % std::size(levels)];
+    stream.push_back({.id = id, .z = z});
+  }
+  std::shuffle(stream.begin(), stream.end(), gen);
+  std::vector<kernels::Candidate> sorted = stream;
+  std::sort(sorted.begin(), sorted.end(), kernels::ranks_before);
+  for (std::size_t count : {0u, 1u, 2u, 7u, 100u, 1024u, 2999u, 3000u, 5000u}) {
+    kernels::TopCandidates top(count);
+    for (const kernels::Candidate& c : stream) top.offer(c);
+    const std::vector<kernels::Candidate>& got = top.ranked();
+    ASSERT_EQ(got.size(), std::min<std::size_t>(count, stream.size())) << count;
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      EXPECT_EQ(got[j].id, sorted[j].id) << "count " << count << " position " << j;
+    }
   }
 }
 

@@ -6,13 +6,16 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/common/work_pool.hpp"
 #include "kernels/cpu/fused/cpu_fused_kernels.hpp"
 #include "kernels/cpu/fused/tree_stack.hpp"
 #include "kernels/cpu/fused/widen.hpp"
-#include "kernels/cpu/fused/work_pool.hpp"
 #include "numerics/canon.hpp"
 
 namespace detlogp::fused {
+
+using kernels::resolve_threads;
+using kernels::run_items;
 namespace {
 
 // Adds `right` into `left` elementwise (the canonical tree's merge of two grad_hidden sums).

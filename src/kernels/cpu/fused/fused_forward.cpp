@@ -4,13 +4,16 @@
 // merged into the node's partial. Also the target logits and the plain linear_logits.
 #include <algorithm>
 
+#include "kernels/common/work_pool.hpp"
 #include "kernels/cpu/fused/cpu_fused_kernels.hpp"
 #include "kernels/cpu/fused/tree_stack.hpp"
 #include "kernels/cpu/fused/widen.hpp"
-#include "kernels/cpu/fused/work_pool.hpp"
 #include "numerics/canon.hpp"
 
 namespace detlogp::fused {
+
+using kernels::resolve_threads;
+using kernels::run_items;
 
 std::vector<Item> split_items(std::span<const TreeNode> nodes, int64_t real_tiles, int threads) {
   std::vector<Item> items;

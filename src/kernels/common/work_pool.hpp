@@ -2,7 +2,8 @@
 // Runs fn(item) for item in [0, items) on up to `threads` threads (the caller's among them),
 // items taken in any order. Every item writes only its own outputs, so the bits never depend
 // on the thread count or the schedule. A thread that cannot be started runs nothing (the others
-// take its items); the first exception is rethrown after every thread has stopped.
+// take its items); the first exception is rethrown after every thread has stopped. Used by the
+// fused lm_head's CPU kernels and the candidate scan (top_candidates).
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-namespace detlogp::fused {
+namespace detlogp::kernels {
 
 inline int resolve_threads(int requested, int64_t items) {
   int64_t t = requested > 0 ? requested : static_cast<int64_t>(std::thread::hardware_concurrency());
@@ -55,4 +56,4 @@ void run_items(int64_t items, int threads, const Fn& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace detlogp::fused
+}  // namespace detlogp::kernels
