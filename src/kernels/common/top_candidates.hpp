@@ -46,6 +46,10 @@ class TopCandidates {
     pool_.push_back(c);
     if (pool_.size() >= 2 * count_) compact();
   }
+  // A value below which an offered candidate cannot be kept: the count-th best z seen so far
+  // (NaN when that is a NaN: nothing compares below it), -inf before `count` were held. Lets a
+  // scan skip offer() for z < floor() with one comparison.
+  float floor() const { return has_bar_ ? bar_.z : -__builtin_huge_valf(); }
   // The first `count` (all when fewer were offered), ranked.
   std::vector<Candidate>& ranked();
 
@@ -59,6 +63,12 @@ class TopCandidates {
 
 // Ranks `pool` and keeps its first `count` candidates (all of them when it has fewer).
 void keep_first(std::vector<Candidate>& pool, std::size_t count);
+
+// The first `count` of the values z (ids first_id + i), ranked, into `out` (replaced), in two
+// passes over z: a histogram of the 12 high bits of each value's ranking key finds the bin of
+// the count-th, then only the values of that bin and above are ranked. `hist` is scratch.
+void first_of_values(std::span<const float> z, int64_t first_id, std::size_t count,
+                     std::vector<Candidate>& out, std::vector<uint32_t>& hist);
 
 // For each row r of the shard: its first counts[r] real columns (global id < real vocab) in
 // the canonical ranking, ranked, at out[r * width, ...), the rest of the row padded (id -1).

@@ -452,7 +452,7 @@ TEST(KeptSelection, TheFusedScanFindsTheLogitsOpsSets) {
   }
 }
 
-TEST(KeptSelection, TheStreamingTopListIsTheFirstOfTheFullRanking) {
+TEST(KeptSelection, BothScansGiveTheFirstOfTheFullRanking) {
   // Values with many ties (a few distinct levels), -0 and +0, NaNs and infinities, offered in
   // a shuffled order; every count from 0 to beyond the stream's length.
   std::mt19937 gen(41);
@@ -481,6 +481,16 @@ TEST(KeptSelection, TheStreamingTopListIsTheFirstOfTheFullRanking) {
     ASSERT_EQ(got.size(), std::min<std::size_t>(count, stream.size())) << count;
     for (std::size_t j = 0; j < got.size(); ++j) {
       EXPECT_EQ(got[j].id, sorted[j].id) << "count " << count << " position " << j;
+    }
+    // The two-pass scan of a whole row (ids = positions + an offset).
+    std::vector<float> z(stream.size());
+    for (const kernels::Candidate& c : stream) z[static_cast<std::size_t>(c.id)] = c.z;
+    std::vector<kernels::Candidate> first;
+    std::vector<uint32_t> hist;
+    kernels::first_of_values(z, 1000, count, first, hist);
+    ASSERT_EQ(first.size(), got.size()) << count;
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      EXPECT_EQ(first[j].id, sorted[j].id + 1000) << "count " << count << " position " << j;
     }
   }
 }
