@@ -24,6 +24,7 @@
 #include "op/preflight_record.hpp"
 #include "op/vocab_layout.hpp"
 #include "op_test_util.hpp"
+#include "tp_compare.hpp"
 
 namespace detlogp::testing {
 namespace {
@@ -198,24 +199,9 @@ TEST(KeptSelection, SoftcapAndPerRowTemperaturesScoreTheLogitsFirst) {
   }
 }
 
-// Rows `order` of a matrix and of the parameters, in that order.
-FullLogits take_rows(const FullLogits& m, const std::vector<int64_t>& order) {
-  FullLogits out = m;
-  out.rows = static_cast<int64_t>(order.size());
-  out.f32.clear();
-  const auto n = static_cast<std::size_t>(m.cols);
-  for (int64_t r : order) {
-    out.f32.insert(out.f32.end(), m.f32.begin() + r * n, m.f32.begin() + (r + 1) * n);
-  }
-  return out;
-}
+// The parameters of rows `order`, in that order.
 Params take_params(const Params& p, const std::vector<int64_t>& order) {
-  Params out;
-  for (int64_t r : order) {
-    out.top_k.push_back(p.top_k[r]);
-    out.top_p.push_back(p.top_p[r]);
-  }
-  return out;
+  return Params{take(p.top_k, order), take(p.top_p, order)};
 }
 
 TEST(KeptSelection, ARowsSetDoesNotDependOnTheBatch) {
