@@ -3,11 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "detlogp/errors.hpp"
 #include "numerics/canon.hpp"
-#include "op/forward_exchange.hpp"
 #include "op/preflight.hpp"
 #include "op/vocab_layout.hpp"
 
@@ -106,9 +104,10 @@ float kept_scores_lse(const ShardKernels& kernels, std::span<const float> z) {
       .data = z.data(), .dtype = DType::fp32, .rows = 1, .cols = n, .row_stride = n};
   const std::vector<TreeNode> nodes = canonical_cover(geometry, 0, geometry.num_real_tiles());
   std::vector<NodePartial> partials(nodes.size());
-  kernels.node_partials(row, spec, nodes, /*with_entropy=*/false, partials);
+  const ExecOptions one_thread{.threads = 1};  // at most 1024 columns: not worth a thread
+  kernels.node_partials(row, spec, nodes, /*with_entropy=*/false, partials, one_thread);
   float lse = 0.0f;
-  kernels.merge_roots(geometry, nodes, partials, 1, RootsOut{.lse = {&lse, 1}});
+  kernels.merge_roots(geometry, nodes, partials, 1, RootsOut{.lse = {&lse, 1}}, one_thread);
   return lse;
 }
 

@@ -262,6 +262,24 @@ op::KeptSelection select_rows(const std::vector<std::vector<float>>& rows_z, con
                    {.contract = {.active = std::vector<bool>(rows_z.size(), false)}});
 }
 
+TEST(KeptSelection, ATopKSetsLseIsTheCanonsLseOfItsValuesAsAVocabulary) {
+  for (int64_t n : {int64_t{1}, int64_t{127}, int64_t{128}, int64_t{700}, int64_t{1024}}) {
+    const FullLogits row = make_logits(DType::fp32, 1, n, n, 51, 4.0f);
+    const Layout layout{n, n, {{0, n}}};
+    float want = 0.0f;
+    run_ranks(1, [&](Communicator& comm) {
+      const VocabParallelLogprob op(reference_kernels(), "test");
+      want = op.forward(row.shard(0, n), std::vector<int64_t>{0}, make_contract(layout, 0, 1, {}),
+                        comm, {})
+                 .lse[0];
+    });
+    for (const ShardKernels* k : {&reference_kernels(), &simd_kernels()}) {
+      EXPECT_EQ(canon::bits_of(op::kept_scores_lse(*k, row.f32)), canon::bits_of(want))
+          << n << " " << k->name();
+    }
+  }
+}
+
 TEST(KeptSelection, TheTokenAtExactlyTopPMassIsDropped) {
   // Token j is kept iff the mass strictly before it is < top_p: with top_p equal to the first
   // token's probability the second is dropped; one ulp above, kept.
