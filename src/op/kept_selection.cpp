@@ -38,6 +38,42 @@ std::size_t top_p_count(std::span<const Candidate> ranked, float lse, float top_
   return kept;
 }
 
+// Row r's kept ids, ascending, from every rank's candidates `pool`: top-k is the first `count`
+// of them in the ranking (each rank sent its own first `count`, so these are the row's first
+// `count` columns whatever the layout), then top-p over them.
+std::vector<int64_t> kept_ids_of_row(const ShardKernels& kernels, std::vector<Candidate>& pool,
+                                     std::size_t count, int32_t top_k, float top_p, float full_lse,
+                                     int64_t real_vocab, int64_t row) {
+  kernels::keep_first(pool, count);
+  std::size_t n = pool.size();
+  if (top_p < 1.0f) {
+    float lse = full_lse;
+    if (top_k > 0) {  // relative to the top-k set: its canonical LSE in ascending id order
+      std::vector<Candidate> ascending = pool;
+      std::sort(ascending.begin(), ascending.end(),
+                [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+      std::vector<float> z;
+      for (const Candidate& c : ascending) z.push_back(c.z);
+      lse = kept_scores_lse(kernels, z);
+    }
+    double mass = 0.0;
+    n = top_p_count(pool, lse, top_p, &mass);
+    if (top_k == 0 && n == pool.size() && real_vocab > static_cast<int64_t>(pool.size()) &&
+        mass < static_cast<double>(top_p)) {
+      throw ContractError(
+          ErrorCode::out_of_range, "top_p",
+          fmt::format("top_p of row {} is {}: its kept set needs more than {} ids (the {} most "
+                      "likely tokens hold probability {:.9g}, less than top_p); pass top_k <= "
+                      "{} with it to cap the set",
+                      row, top_p, kMaxSelectedIds, kMaxSelectedIds, mass, kMaxSelectedIds));
+    }
+  }
+  std::vector<int64_t> ids;
+  for (std::size_t j = 0; j < n; ++j) ids.push_back(pool[j].id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 }  // namespace
 
 void check_kept_selection(const KeptSelectionParams& params, int64_t rows) {
@@ -118,7 +154,7 @@ KeptSelection select_kept_sets(Communicator& comm, const ShardKernels& kernels,
   const std::vector<int64_t> counts = candidate_counts(params, rows, real_vocab);
   if (static_cast<int64_t>(local.size()) != rows * width ||
       (needs_full_lse(params, rows) && static_cast<int64_t>(full_lse.size()) != rows)) {
-    throw ContractError(ErrorCode::wrong_shape, "top_p",
+    throw ContractError(ErrorCode::wrong_shape, "",
                         fmt::format("select_kept_sets: {} candidates for {} rows of width {} and "
                                     "{} LSE values; expected rows * width candidates and one "
                                     "LSE per row when a row has top-p without top-k",
@@ -135,50 +171,19 @@ KeptSelection select_kept_sets(Communicator& comm, const ShardKernels& kernels,
 
   std::vector<std::vector<int64_t>> kept(static_cast<std::size_t>(rows));
   std::vector<Candidate> pool;
-  std::vector<float> by_id;
   for (int64_t r = 0; r < rows; ++r) {
     const auto ri = static_cast<std::size_t>(r);
-    const auto count = static_cast<std::size_t>(counts[ri]);
-    if (count == 0) continue;
-    // Top-k: the first `count` of every rank's candidates (each rank sent its own first ones,
-    // so these are the row's first `count` columns whatever the layout).
+    if (counts[ri] == 0) continue;
+    // Every rank's candidates of row r (each rank's first ones, then padding).
     pool.clear();
     for (int rank = 0; rank < comm.size(); ++rank) {
       const Candidate* block = gathered.data() + (static_cast<int64_t>(rank) * rows + r) * width;
       for (int64_t j = 0; j < width && block[j].id >= 0; ++j) pool.push_back(block[j]);
     }
-    kernels::keep_first(pool, count);
-    std::size_t n = pool.size();
-    const int32_t k = top_k_of(params, ri);
-    const float p = top_p_of(params, ri);
-    if (p < 1.0f) {
-      float lse = 0.0f;
-      if (k > 0) {  // relative to the top-k set: its canonical LSE in ascending id order
-        std::vector<Candidate> ascending = pool;
-        std::sort(ascending.begin(), ascending.end(),
-                  [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
-        by_id.clear();
-        for (const Candidate& c : ascending) by_id.push_back(c.z);
-        lse = kept_scores_lse(kernels, by_id);
-      } else {
-        lse = full_lse[ri];
-      }
-      double mass = 0.0;
-      n = top_p_count(pool, lse, p, &mass);
-      if (k == 0 && n == pool.size() && real_vocab > static_cast<int64_t>(pool.size()) &&
-          mass < static_cast<double>(p)) {
-        throw ContractError(
-            ErrorCode::out_of_range, "top_p",
-            fmt::format("top_p of row {} is {}: its kept set needs more than {} ids (the {} most "
-                        "likely tokens hold probability {:.9g}, less than top_p); pass top_k <= "
-                        "{} with it to cap the set",
-                        r, p, kMaxSelectedIds, kMaxSelectedIds, mass, kMaxSelectedIds));
-      }
-    }
-    std::vector<int64_t>& ids = kept[ri];
-    for (std::size_t j = 0; j < n; ++j) ids.push_back(pool[j].id);
-    std::sort(ids.begin(), ids.end());
-    out.width = std::max(out.width, static_cast<int64_t>(n));
+    kept[ri] = kept_ids_of_row(kernels, pool, static_cast<std::size_t>(counts[ri]),
+                               top_k_of(params, ri), top_p_of(params, ri),
+                               full_lse.empty() ? 0.0f : full_lse[ri], real_vocab, r);
+    out.width = std::max(out.width, static_cast<int64_t>(kept[ri].size()));
   }
   out.ids.assign(static_cast<std::size_t>(rows * out.width), -1);
   for (int64_t r = 0; r < rows; ++r) {
