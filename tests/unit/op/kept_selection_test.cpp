@@ -168,6 +168,9 @@ std::vector<std::pair<std::string, Layout>> layouts_of(int64_t real) {
   }
   out.push_back({"TP 3 uneven", uneven_layout(real, {3, 11, 10}, 128)});
   out.push_back({"TP 4 uneven", uneven_layout(real, {1, 2, 17, 4}, 128)});
+  // The last rank holds padding only (tiles past the real vocabulary).
+  const int64_t tiles = (real + 127) / 128;
+  out.push_back({"TP 3 padding-only shard", uneven_layout(real, {tiles - 4, 4, 2}, 128)});
   return out;
 }
 
