@@ -52,8 +52,8 @@ constexpr const char* kAgreeOn =
     "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
     "reduction, output, temperature, softcap), deterministic mode, tile width, entropy flag, "
     "backend "
-    "id, numerics version, the active targets, the per-row temperatures and the kept sets "
-    "before any collective";
+    "id, numerics version, the active targets, the per-row temperatures, the kept sets and the "
+    "per-row top_k and top_p before any collective";
 
 std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,
                                    const std::function<std::string(const PreflightRecord&)>& show) {
