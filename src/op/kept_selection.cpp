@@ -6,6 +6,7 @@
 
 #include "detlogp/errors.hpp"
 #include "numerics/canon.hpp"
+#include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
 #include "op/vocab_layout.hpp"
 
@@ -65,7 +66,7 @@ std::vector<int64_t> kept_ids_of_row(const ShardKernels& kernels, std::vector<Ca
           fmt::format("top_p of row {} is {}: its kept set needs more than {} ids (the {} most "
                       "likely tokens hold probability {:.9g}, less than top_p); pass top_k <= "
                       "{} with it to cap the set",
-                      row, top_p, kMaxSelectedIds, kMaxSelectedIds, mass, kMaxSelectedIds));
+                      row, top_p, kMaxKeptIds, kMaxKeptIds, mass, kMaxKeptIds));
     }
   }
   std::vector<int64_t> ids;
@@ -92,11 +93,11 @@ void check_kept_selection(const KeptSelectionParams& params, int64_t rows) {
   }
   for (std::size_t r = 0; r < params.top_k.size(); ++r) {
     const int32_t k = params.top_k[r];
-    if (k < 0 || k > kMaxSelectedIds) {
+    if (k < 0 || k > kMaxKeptIds) {
       throw ContractError(ErrorCode::out_of_range, "top_k",
                           fmt::format("top_k of row {} is {}; top_k must be 0 (off) or 1 to {} "
                                       "(a kept set holds at most {} ids)",
-                                      r, k, kMaxSelectedIds, kMaxSelectedIds));
+                                      r, k, kMaxKeptIds, kMaxKeptIds));
     }
   }
   for (std::size_t r = 0; r < params.top_p.size(); ++r) {
@@ -118,7 +119,7 @@ std::vector<int64_t> candidate_counts(const KeptSelectionParams& params, int64_t
     if (k > 0) {
       counts[r] = std::min<int64_t>(k, real_vocab);
     } else if (top_p_of(params, r) < 1.0f) {
-      counts[r] = std::min<int64_t>(kMaxSelectedIds, real_vocab);
+      counts[r] = std::min<int64_t>(kMaxKeptIds, real_vocab);
     }
   }
   return counts;
@@ -134,7 +135,7 @@ bool needs_full_lse(const KeptSelectionParams& params, int64_t rows) {
 float kept_scores_lse(const ShardKernels& kernels, std::span<const float> z) {
   if (z.empty()) return -canon::kInf;
   const auto n = static_cast<int64_t>(z.size());
-  const TileGeometry geometry{.real_vocab = n, .tile_width = kDefaultTileWidth};
+  const TileGeometry geometry{.real_vocab = n, .tile_width = kKeptTileWidth};
   const ShardSpec spec{.vocab_start = 0, .geometry = geometry};
   const LogitsView row{
       .data = z.data(), .dtype = DType::fp32, .rows = 1, .cols = n, .row_stride = n};

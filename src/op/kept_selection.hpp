@@ -12,17 +12,15 @@
 
 #include "detlogp/comm.hpp"
 #include "detlogp/contract.hpp"
+#include "detlogp/kept_set.hpp"
 #include "detlogp/kernels.hpp"
 #include "kernels/common/top_candidates.hpp"
 
 namespace detlogp::op {
 
-// The most ids a recomputed kept set holds (the kept sets' limit).
-inline constexpr int64_t kMaxSelectedIds = 1024;
-
 // Per-row sampling parameters; an empty span is "off" for every row.
 struct KeptSelectionParams {
-  std::span<const int32_t> top_k = {};  // [rows]: 0 = off, else 1 .. kMaxSelectedIds
+  std::span<const int32_t> top_k = {};  // [rows]: 0 = off, else 1 .. kMaxKeptIds
   std::span<const float> top_p = {};    // [rows]: in (0, 1]; 1 = off
 };
 
@@ -61,8 +59,8 @@ KeptSelection select_kept_sets(Communicator& comm, const ShardKernels& kernels,
                                int64_t real_vocab, std::span<const float> full_lse);
 
 // The canonical LSE of kept scores listed in ascending id order, as if they were a vocabulary
-// of z.size() real columns (tiles of 128, the canonical tree, the root), by `kernels` (host
-// memory); -inf for none.
+// of z.size() real columns (tiles of kKeptTileWidth, the canonical tree, the root), as
+// kept_forward reduces a kept row, by `kernels` (host memory); -inf for none.
 float kept_scores_lse(const ShardKernels& kernels, std::span<const float> z);
 
 // The whole selection for the logits operator's shard on this rank: the scan (z as
