@@ -17,15 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_clock.hpp"
 #include "kernels/cpu/fused/dot_kernels.hpp"
 
 namespace {
-
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
 
 template <class Fn>
 double best_cpu_seconds(int reps, const Fn& fn) {

@@ -17,18 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_clock.hpp"
 #include "detlogp/detlogp.hpp"
 #include "numerics/canon.hpp"
 
 namespace {
 
 using namespace detlogp;
-
-double thread_cpu_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 struct Shape {
   const char* name;

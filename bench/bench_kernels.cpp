@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench_clock.hpp"
+#include "detlogp/dtype.hpp"
 #include "detlogp/kernels.hpp"
 
 namespace {
@@ -44,12 +46,6 @@ double median_seconds(int reps, const std::function<void()>& fn) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
-}
-
-double thread_cpu_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 // Compute cost on one core, robust to other processes sharing the machine: the minimum thread
@@ -95,12 +91,6 @@ double read_bandwidth(int threads, int reps) {
   return static_cast<double>(bytes) / sec;
 }
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 struct Logits {
   detlogp::DType dtype;
   int64_t rows;
@@ -121,7 +111,7 @@ Logits make_logits(detlogp::DType dtype, int64_t rows, uint64_t stream) {
     if (dtype == detlogp::DType::fp32) {
       std::memcpy(l.bytes.data() + i * 4, &v, 4);
     } else {
-      const uint16_t h = to_bf16(v);
+      const uint16_t h = detlogp::float_to_bf16(v);
       std::memcpy(l.bytes.data() + i * 2, &h, 2);
     }
   }

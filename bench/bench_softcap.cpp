@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_clock.hpp"
+#include "detlogp/dtype.hpp"
 #include "detlogp/kernels.hpp"
 #include "kernels/cpu/simd/simd_kernels.hpp"
 
@@ -27,18 +29,6 @@ namespace {
 
 constexpr int64_t kVocab = 262144;
 constexpr int64_t kTileWidth = 128;
-
-double thread_cpu_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 struct Case {
   const detlogp::ShardKernels& k;
@@ -85,7 +75,7 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> data(static_cast<size_t>(rows * cols));
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.0f, 8.0f);
-  for (auto& h : data) h = to_bf16(normal(rng));
+  for (auto& h : data) h = detlogp::float_to_bf16(normal(rng));
   const detlogp::ShardKernels& k = detlogp::simd_kernels();
   auto make = [&](float softcap) {
     Case c{.k = k,

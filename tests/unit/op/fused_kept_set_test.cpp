@@ -22,23 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Row i keeps sizes[i % n] distinct ids (its target among them), shuffled, -1 padded.
-std::vector<int64_t> kept_for(const std::vector<int64_t>& targets, int64_t real, int64_t width,
-                              const std::vector<int64_t>& sizes, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::uniform_int_distribution<int64_t> dist(0, real - 1);
-  std::vector<int64_t> ids;
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    std::set<int64_t> s = {targets[i]};
-    while (static_cast<int64_t>(s.size()) < sizes[i % sizes.size()]) s.insert(dist(gen));
-    std::vector<int64_t> row(s.begin(), s.end());
-    row.resize(static_cast<std::size_t>(width), -1);
-    std::shuffle(row.begin(), row.end(), gen);
-    ids.insert(ids.end(), row.begin(), row.end());
-  }
-  return ids;
-}
-
 // The dense chains of the canon from a full fp32 logit gradient g [rows, padded] (+0 outside
 // the kept sets): grad_weight over every token, grad_hidden per tile over every real column,
 // then the canonical tree over the real tiles.

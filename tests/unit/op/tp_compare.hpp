@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -83,6 +85,28 @@ std::vector<T> take(const std::vector<T>& v, const std::vector<int64_t>& order, 
     for (int64_t k = 0; k < per; ++k) out.push_back(v[static_cast<std::size_t>(r * per + k)]);
   }
   return out;
+}
+
+// Row i keeps sizes[i % sizes.size()] distinct ids (its target among them, when given) in a
+// random order, the -1 padding spread between them: [rows, width].
+inline std::vector<int64_t> kept_for(const std::vector<int64_t>& targets, int64_t real,
+                                     int64_t width, const std::vector<int64_t>& sizes,
+                                     uint32_t stream) {
+  std::mt19937 gen(stream);
+  std::uniform_int_distribution<int64_t> dist(0, real - 1);
+  const auto rows = static_cast<int64_t>(targets.size());
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = sizes[static_cast<std::size_t>(i) % sizes.size()];
+    std::set<int64_t> s;
+    if (targets[static_cast<std::size_t>(i)] >= 0) s.insert(targets[static_cast<std::size_t>(i)]);
+    while (static_cast<int64_t>(s.size()) < n) s.insert(dist(gen));
+    std::vector<int64_t> row(s.begin(), s.end());
+    row.resize(static_cast<std::size_t>(width), -1);
+    std::shuffle(row.begin(), row.end(), gen);
+    ids.insert(ids.end(), row.begin(), row.end());
+  }
+  return ids;
 }
 
 }  // namespace detlogp::testing
