@@ -28,9 +28,31 @@ def cli_binary():
     return path
 
 
+def cli_outputs(tmp_path, x, t, option, softcap):
+    """The CLI's outputs at TP 1 and 3 on logits `x` and targets `t`, with grad_logp 1 and
+    grad_entropy 0.5, `option` (its flag and the .npy file it reads) and the cap: [(tp, {name:
+    array})]."""
+    np.save(tmp_path / "logits.npy", x.numpy())
+    np.save(tmp_path / "targets.npy", t.numpy().astype(np.int64))
+    np.save(tmp_path / "gl.npy", np.ones(ROWS, np.float32))
+    np.save(tmp_path / "gh.npy", np.full(ROWS, 0.5, np.float32))
+    cap = [] if softcap is None else ["--softcap", str(softcap)]
+    runs = []
+    for tp in (1, 3):
+        out = tmp_path / f"out{tp}.safetensors"
+        p = subprocess.run([str(cli_binary()), "logprob", "--logits", "logits.npy", "--targets",
+                            "targets.npy", "--real-vocab", str(REAL), "--tile-width", str(W),
+                            "--tp", str(tp), *option, "--entropy",
+                            "--grad-logp", "gl.npy", "--grad-entropy", "gh.npy", *cap,
+                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        runs.append((tp, {k: a for k, (_, a) in read_safetensors(out)[0].items()}))
+    return runs
+
+
 @pytest.mark.parametrize("softcap", [None, 8.0])
 def test_cli_row_temperature_equals_python_call(tmp_path, softcap):
-    binary = cli_binary()
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(ROWS, PADDED, generator=gen) * 6
     x[:, REAL:] = 1e4  # padding: never read
@@ -41,22 +63,8 @@ def test_cli_row_temperature_equals_python_call(tmp_path, softcap):
                                         tile_width=W, softcap=softcap)
     (logp.sum() + 0.5 * ent.sum()).backward()
 
-    np.save(tmp_path / "logits.npy", x.numpy())
-    np.save(tmp_path / "targets.npy", t.numpy().astype(np.int64))
     np.save(tmp_path / "rt.npy", temps.numpy())
-    np.save(tmp_path / "gl.npy", np.ones(ROWS, np.float32))
-    np.save(tmp_path / "gh.npy", np.full(ROWS, 0.5, np.float32))
-    cap = [] if softcap is None else ["--softcap", str(softcap)]
-    for tp in (1, 3):
-        out = tmp_path / f"out{tp}.safetensors"
-        p = subprocess.run([str(binary), "logprob", "--logits", "logits.npy", "--targets",
-                            "targets.npy", "--real-vocab", str(REAL), "--tile-width", str(W),
-                            "--tp", str(tp), "--row-temperature", "rt.npy", "--entropy",
-                            "--grad-logp", "gl.npy", "--grad-entropy", "gh.npy", *cap,
-                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120)
-        assert p.returncode == 0, p.stderr
-        got = {k: a for k, (_, a) in read_safetensors(out)[0].items()}
+    for tp, got in cli_outputs(tmp_path, x, t, ["--row-temperature", "rt.npy"], softcap):
         assert got["logp"].tobytes() == logp.detach().numpy().tobytes()
         assert got["entropy"].tobytes() == ent.detach().numpy().tobytes()
         g = got["grad_logits"]
@@ -66,7 +74,6 @@ def test_cli_row_temperature_equals_python_call(tmp_path, softcap):
 
 @pytest.mark.parametrize("softcap", [None, 8.0])
 def test_cli_kept_ids_equal_python_call(tmp_path, softcap):
-    binary = cli_binary()
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(ROWS, PADDED, generator=gen) * 6
     x[:, REAL:] = 1e4  # padding: never read
@@ -83,22 +90,8 @@ def test_cli_kept_ids_equal_python_call(tmp_path, softcap):
                                         softcap=softcap, kept_ids=kept)
     (logp.sum() + 0.5 * ent.sum()).backward()
 
-    np.save(tmp_path / "logits.npy", x.numpy())
-    np.save(tmp_path / "targets.npy", t.numpy().astype(np.int64))
     np.save(tmp_path / "kept.npy", kept.numpy())
-    np.save(tmp_path / "gl.npy", np.ones(ROWS, np.float32))
-    np.save(tmp_path / "gh.npy", np.full(ROWS, 0.5, np.float32))
-    cap = [] if softcap is None else ["--softcap", str(softcap)]
-    for tp in (1, 3):
-        out = tmp_path / f"out{tp}.safetensors"
-        p = subprocess.run([str(binary), "logprob", "--logits", "logits.npy", "--targets",
-                            "targets.npy", "--real-vocab", str(REAL), "--tile-width", str(W),
-                            "--tp", str(tp), "--kept-ids", "kept.npy", "--entropy",
-                            "--grad-logp", "gl.npy", "--grad-entropy", "gh.npy", *cap,
-                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120)
-        assert p.returncode == 0, p.stderr
-        got = {k: a for k, (_, a) in read_safetensors(out)[0].items()}
+    for tp, got in cli_outputs(tmp_path, x, t, ["--kept-ids", "kept.npy"], softcap):
         assert got["logp"].tobytes() == logp.detach().numpy().tobytes()
         assert got["entropy"].tobytes() == ent.detach().numpy().tobytes()
         assert got["grad_logits"].tobytes() == xg.grad.contiguous().numpy().tobytes()
