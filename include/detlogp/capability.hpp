@@ -51,6 +51,8 @@ struct CapabilityParams {
   // contract field, so incompatibilities() never names it; the operator refuses kept sets on
   // kernels without them (ContractError not_supported, field "kept_ids").
   bool supports_kept_sets = false;
+  // Shard bounds that are not multiples of the tile width (tiles split across ranks).
+  bool supports_unaligned_bounds = false;
   std::set<ReductionOrder> reduction_orders = {ReductionOrder::canonical_tile_tree};  // non-empty
 };
 
@@ -73,6 +75,7 @@ class BackendCapability {
   bool supports_temperature() const { return p_.supports_temperature; }
   bool supports_softcap() const { return p_.supports_softcap; }
   bool supports_kept_sets() const { return p_.supports_kept_sets; }
+  bool supports_unaligned_bounds() const { return p_.supports_unaligned_bounds; }
   const std::set<ReductionOrder>& reduction_orders() const { return p_.reduction_orders; }
 
   // Every reason this backend cannot serve `contract` (empty: it can), in this order:
@@ -81,7 +84,7 @@ class BackendCapability {
   //   explicit active-token masking is unsupported; vocab-domain LSE export is unsupported;
   //   determinism_scope=<s> is unsupported; order=<o> is unsupported;
   //   tile_width=<W> is unsupported; temperature=<t> is unsupported;
-  //   softcap=<c> is unsupported.
+  //   softcap=<c> is unsupported; shard bounds not aligned to tile_width=<W> are unsupported.
   std::vector<std::string> incompatibilities(const LogprobContract& contract) const;
   bool supports(const LogprobContract& contract) const {
     return incompatibilities(contract).empty();

@@ -71,6 +71,12 @@ class ShardKernels {
   // the CUDA kernels.
   virtual std::string name() const = 0;
 
+  // Whether backward and read_target_logits accept a shard whose vocab_start and end are not
+  // multiples of W, and the shard lives in host memory (so that the logits op can complete
+  // tiles split across ranks: op/boundary_fragments.hpp). The CPU kernels do; node_partials
+  // always needs whole tiles.
+  virtual bool supports_unaligned_bounds() const { return false; }
+
   // For every row and every node of `nodes` (tiles inside the shard, e.g. its canonical cover),
   // the node's partial: out[row * nodes.size() + j]. u is +0 unless with_entropy (a poisoned
   // partial, from a NaN or +inf logit, is (NaN, NaN, NaN) either way).

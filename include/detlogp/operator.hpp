@@ -108,6 +108,9 @@ struct LogprobGrads {
 struct ForwardTraffic {
   int64_t preflight_bytes_per_rank = 0;
   int64_t payload_bytes_per_rank = 0;
+  // The boundary fragments of tiles split by unaligned shard bounds (deterministic mode): one
+  // all-gather before the node partials; 0 when the bounds are tile-aligned.
+  int64_t fragment_bytes_per_rank = 0;
 };
 
 // A logprob backend: what the registry hands out.

@@ -509,7 +509,7 @@ class LogprobBackendCapability(_Frozen):
                  determinism_scopes=(), implementation_kind=ImplementationKind.production,
                  tile_widths=None, supports_temperature=False,
                  reduction_orders=(ReductionOrder.canonical_tile_tree,), supports_softcap=False,
-                 supports_kept_sets=False):
+                 supports_kept_sets=False, supports_unaligned_bounds=False):
         if not isinstance(backend_id, str):
             raise LogprobContractError("backend_id must be a non-empty string")
         msg = "roles and dtypes must be iterables of enum values"
@@ -529,6 +529,7 @@ class LogprobBackendCapability(_Frozen):
         check_bool(supports_temperature, "supports_temperature")
         check_bool(supports_softcap, "supports_softcap")
         check_bool(supports_kept_sets, "supports_kept_sets")
+        check_bool(supports_unaligned_bounds, "supports_unaligned_bounds")
         reduction_orders = _enum_set(ReductionOrder, reduction_orders, "reduction_orders",
                                      "reduction_orders must be an iterable of enum values")
         vals = lambda s: sorted(m.value for m in s)  # noqa: E731
@@ -542,7 +543,8 @@ class LogprobBackendCapability(_Frozen):
             tile_widths=None if tile_widths is None else list(tile_widths),
             supports_temperature=supports_temperature,
             reduction_orders=vals(reduction_orders), supports_softcap=supports_softcap,
-            supports_kept_sets=supports_kept_sets)
+            supports_kept_sets=supports_kept_sets,
+            supports_unaligned_bounds=supports_unaligned_bounds)
         self._init(cpp, _fields=json.loads(cpp.to_json()))
 
     @classmethod
@@ -573,6 +575,7 @@ class LogprobBackendCapability(_Frozen):
     supports_temperature = property(lambda self: self._fields["supports_temperature"])
     supports_softcap = property(lambda self: self._fields["supports_softcap"])
     supports_kept_sets = property(lambda self: self._fields["supports_kept_sets"])
+    supports_unaligned_bounds = property(lambda self: self._fields["supports_unaligned_bounds"])
     reduction_orders = _set_of(ReductionOrder, "reduction_orders")
     del _set_of, _tuple_or_none
 
@@ -608,7 +611,8 @@ class LogprobBackendCapability(_Frozen):
                     supports_temperature=f["supports_temperature"],
                     reduction_orders=self.reduction_orders,
                     supports_softcap=f["supports_softcap"],
-                    supports_kept_sets=f["supports_kept_sets"])
+                    supports_kept_sets=f["supports_kept_sets"],
+                    supports_unaligned_bounds=f["supports_unaligned_bounds"])
 
 
 # ---------------------------------------------------------------------------------------------

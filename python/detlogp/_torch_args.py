@@ -74,8 +74,9 @@ def real_vocab_size(real_vocab, padded, cols, tp, inferred, width="logits.shape[
 
 def check_tiles(bounds, tile_width, real, tp, cols, inferred, width="logits.shape[-1]",
                 not_deterministic=", or deterministic=False (not bitwise across TP degrees)"):
-    """Deterministic mode reads the vocabulary in tiles of W columns: every bound between two
-    ranks must be a multiple of W. Raised here, before any collective, with the fix."""
+    """The fused lm_head reads the vocabulary in whole tiles of W columns on each rank: every
+    bound between two ranks must be a multiple of W (the logits op accepts any bounds). Raised
+    here, before any collective, with the fix."""
     w = DEFAULT_TILE_WIDTH if tile_width is None else tile_width
     cut = next((e for _, e in bounds[:-1] if e % w), None)
     if cut is None:
@@ -92,8 +93,9 @@ def check_tiles(bounds, tile_width, real, tp, cols, inferred, width="logits.shap
              f"vocab_start puts a shard bound at column {cut}")
     raise LogprobContractError(
         f"{where} is not a multiple of the vocab tile width {w} (tile_width"
-        f"{'' if tile_width is not None else ', the default'}): deterministic mode needs every "
-        f"bound between TP shards on a tile boundary. Fix: {pad}, or pass a tile_width that "
+        f"{'' if tile_width is not None else ', the default'}): the fused lm_head needs every "
+        f"bound between TP shards on a tile boundary (vocab_parallel_logprobs on the logits "
+        f"does not). Fix: {pad}, or pass a tile_width that "
         f"divides every shard bound{not_deterministic}")
 
 

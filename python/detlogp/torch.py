@@ -41,8 +41,7 @@ from detlogp._kept import kept_argument, outside_neg_inf, token_kept
 from detlogp._layout import (cover_view, from_rows, in_token_order, logits_cover, row_grad,
                              to_rows)
 from detlogp._op import LogprobOp, get_logprob_op
-from detlogp._torch_args import (active_tokens, check_tiles, int_targets, op_mask,
-                                 op_targets, op_temperature, op_vocab_start, real_vocab_size,
+from detlogp._torch_args import (active_tokens, int_targets, op_mask, op_targets, op_temperature, op_vocab_start, real_vocab_size,
                                  token_temperature, vocab_bounds)
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",
@@ -135,8 +134,6 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     real = real_vocab_size(real_vocab, padded, cols, tp, inferred)
     if tile_width is not None:
         tile_width = check_int(tile_width, "tile_width", "positive")
-    if deterministic and tp > 1:
-        check_tiles(bounds, tile_width, real, tp, cols, inferred)
     per_token = None
     if isinstance(temperature, torch.Tensor):  # one per token: the contract's is 1
         per_token, temperature = token_temperature(temperature, lead_shape), 1.0

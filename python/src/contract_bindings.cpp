@@ -243,7 +243,7 @@ void bind_capability(py::module_& m) {
                        const std::string& implementation_kind,
                        std::optional<std::vector<int64_t>> tile_widths, bool supports_temperature,
                        const std::vector<std::string>& reduction_orders, bool supports_softcap,
-                       bool supports_kept_sets) {
+                       bool supports_kept_sets, bool supports_unaligned_bounds) {
              using namespace detlogp;
              return BackendCapability(
                  {.backend_id = backend_id,
@@ -261,6 +261,7 @@ void bind_capability(py::module_& m) {
                   .supports_temperature = supports_temperature,
                   .supports_softcap = supports_softcap,
                   .supports_kept_sets = supports_kept_sets,
+                  .supports_unaligned_bounds = supports_unaligned_bounds,
                   .reduction_orders =
                       parse_set<ReductionOrder>(reduction_orders, "reduction_orders")});
            }),
@@ -269,7 +270,7 @@ void bind_capability(py::module_& m) {
            py::arg("mask_modes"), py::arg("exports_vocab_lse"), py::arg("determinism_scopes"),
            py::arg("implementation_kind"), py::arg("tile_widths"), py::arg("supports_temperature"),
            py::arg("reduction_orders"), py::arg("supports_softcap") = false,
-           py::arg("supports_kept_sets") = false)
+           py::arg("supports_kept_sets") = false, py::arg("supports_unaligned_bounds") = false)
       .def_property_readonly("backend_id", &BackendCapability::backend_id)
       .def("incompatibilities", &BackendCapability::incompatibilities, py::arg("contract"))
       .def("supports", &BackendCapability::supports, py::arg("contract"))

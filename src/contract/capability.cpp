@@ -170,6 +170,10 @@ std::vector<std::string> BackendCapability::incompatibilities(const LogprobContr
   if (c.softcap() && !p_.supports_softcap) {
     reasons.push_back(fmt::format("softcap={} is unsupported", float_text(*c.softcap())));
   }
+  if (!p_.supports_unaligned_bounds && tile_alignment_problem(c)) {
+    reasons.push_back(
+        fmt::format("shard bounds not aligned to tile_width={} are unsupported", c.tile_width()));
+  }
   return reasons;
 }
 
@@ -188,6 +192,7 @@ nlohmann::json capability_to_json(const BackendCapability& cap) {
           {"supports_temperature", cap.supports_temperature()},
           {"supports_softcap", cap.supports_softcap()},
           {"supports_kept_sets", cap.supports_kept_sets()},
+          {"supports_unaligned_bounds", cap.supports_unaligned_bounds()},
           {"reduction_orders", sorted_values(cap.reduction_orders())}};
 }
 

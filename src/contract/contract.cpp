@@ -81,10 +81,10 @@ ShardingSpec::ShardingSpec(const ShardingParams& p)
   int64_t expected_start = 0;
   for (std::size_t r = 0; r < bounds_.size(); ++r) {
     const auto [start, end] = bounds_[r];
-    if (end <= start) {
+    if (end < start) {  // end == start: a rank that holds no columns
       throw ContractError(
           ErrorCode::bad_shard_bounds, "vocab_shard_bounds",
-          fmt::format("vocab_shard_bounds[{}] must satisfy end > start; got [{}, {})", r, start,
+          fmt::format("vocab_shard_bounds[{}] must satisfy end >= start; got [{}, {})", r, start,
                       end));
     }
     if (start != expected_start) {
@@ -275,7 +275,8 @@ std::optional<std::string> tile_alignment_problem(const LogprobContract& contrac
     if (!start_ok || !end_ok) {
       return fmt::format(
           "vocab_shard_bounds[{}]=[{}, {}) is not aligned to the vocab tile size {} (tile_width); "
-          "cross-TP bitwise determinism requires tile-aligned shard bounds",
+          "the fused lm_head op and the CUDA kernels need tile-aligned shard bounds (the logits "
+          "op on the CPU kernels accepts any)",
           r, start, end, w);
     }
   }

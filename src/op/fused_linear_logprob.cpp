@@ -45,7 +45,13 @@ void check_invocation(const LogitsView& hidden, const LogitsView& weight,
                       std::span<const int64_t> targets, const LogprobContract& c,
                       const Communicator& comm, bool validate,
                       std::span<const float> row_temperature) {
-  c.check_tile_alignment();
+  if (auto problem = tile_alignment_problem(c)) {
+    throw ContractError(ErrorCode::tile_misaligned, "vocab_shard_bounds",
+                        *problem +
+                            ". Fix: align every bound to a multiple of the tile width, "
+                            "or compute the logits and call the logits op "
+                            "(VocabParallelLogprob)");
+  }
   op::check_matrix(hidden, "hidden");
   op::check_matrix(weight, "weight_shard");
   if (hidden.cols <= 0) {

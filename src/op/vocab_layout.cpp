@@ -9,7 +9,27 @@ TileGeometry tile_geometry(const LogprobContract& c) {
 }
 
 std::pair<int64_t, int64_t> tile_range(const VocabRange& bounds, int64_t tile_width) {
-  return {bounds.start / tile_width, ceil_div(bounds.end, tile_width)};
+  return {ceil_div(bounds.start, tile_width), ceil_div(bounds.end, tile_width)};
+}
+
+ShardTiles shard_tiles(const VocabRange& bounds, const TileGeometry& g) {
+  const int64_t w = g.tile_width;
+  const int64_t real_tiles = g.num_real_tiles();
+  const auto [first, end] = tile_range(bounds, w);
+  ShardTiles t{.full_begin = first, .full_end = end};
+  // The last owned tile is split when it is real and its real columns run past the shard's end.
+  if (end > first && end - 1 < real_tiles && std::min(end * w, g.real_vocab) > bounds.end) {
+    t.split_tile = --t.full_end;
+  }
+  const int64_t head = bounds.start / w;
+  if (bounds.start % w != 0 && bounds.start < g.real_vocab) {
+    const int64_t head_end = std::min({bounds.end, (head + 1) * w, g.real_vocab});
+    if (head_end > bounds.start) {
+      t.head_tile = head;
+      t.head_end = head_end;
+    }
+  }
+  return t;
 }
 
 std::size_t Covers::widest() const {
@@ -28,8 +48,10 @@ Covers covers_of_all_ranks(const LogprobContract& c) {
   const TileGeometry g = tile_geometry(c);
   Covers covers;
   for (const VocabRange& b : c.sharding().vocab_shard_bounds()) {
-    const auto [first, end] = tile_range(b, g.tile_width);
-    covers.of_rank.push_back(canonical_cover(g, first, end));
+    const ShardTiles t = shard_tiles(b, g);
+    std::vector<TreeNode> nodes = canonical_cover(g, t.full_begin, t.full_end);
+    if (t.split_tile >= 0) nodes.push_back(TreeNode{.level = 0, .index = t.split_tile});
+    covers.of_rank.push_back(std::move(nodes));
   }
   return covers;
 }

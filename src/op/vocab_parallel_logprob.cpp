@@ -8,6 +8,7 @@
 
 #include "detlogp/operator.hpp"
 #include "numerics/canon.hpp"
+#include "op/boundary_fragments.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
 #include "op/kept_sets.hpp"
@@ -52,11 +53,19 @@ void check_invocation(const LogitsView& logits, std::span<const int64_t> targets
   op::check_transport_and_targets(comm, targets, c, validate);
 }
 
-// The mode checks, which run first (docs/operator.md, "What forward does").
-void check_mode(const LogprobContract& c, bool deterministic) {
-  if (deterministic) {
-    c.check_tile_alignment();
-  } else if (c.reduction().determinism_scope() == DeterminismScope::cross_tp_bitwise) {
+// The mode checks, which run first (docs/operator.md, "What forward does"). Any shard bounds
+// are fine on kernels that support them: tiles split across ranks are completed by their owners
+// (op/boundary_fragments.hpp).
+void check_mode(const LogprobContract& c, bool deterministic, const ShardKernels* kernels) {
+  if (deterministic && kernels != nullptr && !kernels->supports_unaligned_bounds()) {
+    if (auto problem = tile_alignment_problem(c)) {
+      throw ContractError(ErrorCode::tile_misaligned, "vocab_shard_bounds",
+                          *problem + ". The kernels " + kernels->name() +
+                              " do not; fix: align every bound to a multiple of the tile "
+                              "width, or run on the CPU kernels");
+    }
+  }
+  if (!deterministic && c.reduction().determinism_scope() == DeterminismScope::cross_tp_bitwise) {
     throw ContractError(
         ErrorCode::mode_mismatch, "deterministic",
         "deterministic=false cannot honour determinism_scope=cross_tp_bitwise (its merge order "
@@ -77,6 +86,51 @@ ShardSpec local_spec(const LogprobContract& c) {
                    .softcap = c.softcap().value_or(0.0f)};
 }
 
+// This rank's node partials in deterministic mode, [rows][nodes] for the nodes of its canonical
+// node set (op::covers_of_all_ranks): the cover of its full tiles computed from the shard itself
+// (a view starting at the first full tile), then its split tile, if any, from the tile assembled
+// out of the boundary fragments (op/boundary_fragments.hpp).
+std::vector<NodePartial> canonical_node_partials(const ShardKernels& kernels,
+                                                 const LogitsView& logits, const ShardSpec& spec,
+                                                 const op::ShardTiles& tiles,
+                                                 std::span<const TreeNode> nodes,
+                                                 const op::SplitTile& split, bool entropy,
+                                                 const ExecOptions& exec) {
+  const int64_t rows = logits.rows;
+  const std::size_t n = nodes.size();
+  std::vector<NodePartial> out(static_cast<std::size_t>(rows) * n);
+  const std::size_t full = tiles.split_tile >= 0 ? n - 1 : n;
+  if (full > 0) {
+    const int64_t w = spec.geometry.tile_width;
+    const int64_t begin = tiles.full_begin * w;  // the first full tile's first column
+    const int64_t skip = begin - spec.vocab_start;
+    const int64_t end = tiles.split_tile >= 0 ? tiles.full_end * w : spec.vocab_start + logits.cols;
+    LogitsView view = logits;
+    view.data = static_cast<const std::byte*>(logits.data) +
+                static_cast<std::size_t>(skip) * dtype_size(logits.dtype);
+    view.cols = end - begin;
+    ShardSpec full_spec = spec;
+    full_spec.vocab_start = begin;
+    if (full == n) {
+      kernels.node_partials(view, full_spec, nodes, entropy, out, exec);
+    } else {
+      std::vector<NodePartial> part(static_cast<std::size_t>(rows) * full);
+      kernels.node_partials(view, full_spec, nodes.first(full), entropy, part, exec);
+      for (int64_t i = 0; i < rows; ++i) {
+        std::copy_n(part.begin() + i * full, full, out.begin() + i * n);
+      }
+    }
+  }
+  if (tiles.split_tile >= 0) {
+    ShardSpec tile_spec = spec;
+    tile_spec.vocab_start = split.vocab_start;
+    std::vector<NodePartial> part(static_cast<std::size_t>(rows));
+    kernels.node_partials(split.view, tile_spec, nodes.last(1), entropy, part, exec);
+    for (int64_t i = 0; i < rows; ++i) out[i * n + full] = part[i];
+  }
+  return out;
+}
+
 // Each row's node partials folded left to right into one (the non-deterministic per-shard
 // reduction): [rows][nodes] -> [rows][1].
 std::vector<NodePartial> fold_rows(const std::vector<NodePartial>& partials, int64_t rows,
@@ -95,7 +149,7 @@ std::vector<NodePartial> fold_rows(const std::vector<NodePartial>& partials, int
 
 void check_forward_inputs(const LogitsView& local_logits, std::span<const int64_t> targets,
                           const LogprobContract& contract, const ForwardOptions& options) {
-  check_mode(contract, options.deterministic);
+  check_mode(contract, options.deterministic, nullptr);
   check_input_shapes(local_logits, targets, contract);
   op::check_row_temperature(options.row_temperature, local_logits.rows, contract);
 }
@@ -131,6 +185,7 @@ ForwardTraffic VocabParallelLogprob::traffic(const LogprobContract& c, bool dete
     t.preflight_bytes_per_rank = op::preflight_record_bytes();
     // Entropy adds a third float per node; report the larger (entropy) payload.
     t.payload_bytes_per_rank = op::ForwardWire(rows, nodes, true).block_bytes();
+    if (deterministic) t.fragment_bytes_per_rank = op::fragment_block_bytes(c, rows);
   }
   return t;
 }
@@ -157,7 +212,7 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   facts.row_temperature = opt.row_temperature;
   facts.kept = opt.kept;
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
-    check_mode(c, opt.deterministic);
+    check_mode(c, opt.deterministic, &kernels_);
     check_invocation(logits, targets, c, comm, opt.validate, opt.row_temperature);
     if (opt.kept.given()) {
       if (!kernels_.supports_kept_sets()) {
@@ -200,7 +255,15 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   saved->spec.row_temperature = saved->row_temperature;
   if (opt.kept.given()) return forward_kept(logits, targets, c, comm, opt, std::move(saved));
   std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
-  if (!local_nodes.empty()) {
+  if (opt.deterministic) {
+    // Unaligned bounds: first the boundary fragments of the split tiles (none when aligned).
+    const op::SplitTile split =
+        op::fragment_width(c) > 0 ? op::exchange_fragments(comm, c, logits) : op::SplitTile{};
+    local = canonical_node_partials(
+        kernels_, logits, saved->spec,
+        op::shard_tiles(sh.vocab_shard_bounds()[sh.tp_rank()], saved->spec.geometry), local_nodes,
+        split, opt.entropy, opt.exec);
+  } else if (!local_nodes.empty()) {
     kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
   }
   if (!opt.deterministic) local = fold_rows(local, rows, local_nodes.size(), opt.entropy);

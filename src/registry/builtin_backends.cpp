@@ -48,7 +48,7 @@ void check_kernels(std::string_view kernels) {
 }  // namespace
 
 BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind,
-                                   bool softcap, bool kept_sets) {
+                                   bool softcap, bool kept_sets, bool unaligned_bounds) {
   return BackendCapability(
       {.backend_id = std::string(backend_id),
        .roles = kAllRoles,
@@ -60,7 +60,8 @@ BackendCapability canon_capability(std::string_view backend_id, ImplementationKi
        .implementation_kind = kind,
        .supports_temperature = true,
        .supports_softcap = softcap,
-       .supports_kept_sets = kept_sets});
+       .supports_kept_sets = kept_sets,
+       .supports_unaligned_bounds = unaligned_bounds});
 }
 
 BackendCapability cpu_kernels_capability(std::string_view kernels, std::string_view backend_id,

@@ -79,6 +79,8 @@ void check_within_provided(std::string_view backend, const BackendCapability& c,
   check_flag(backend, "supports_temperature", c.supports_temperature(), p.supports_temperature());
   check_flag(backend, "supports_softcap", c.supports_softcap(), p.supports_softcap());
   check_flag(backend, "supports_kept_sets", c.supports_kept_sets(), p.supports_kept_sets());
+  check_flag(backend, "supports_unaligned_bounds", c.supports_unaligned_bounds(),
+             p.supports_unaligned_bounds());
 }
 
 }  // namespace detlogp

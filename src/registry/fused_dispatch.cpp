@@ -10,8 +10,10 @@ namespace detlogp {
 
 BackendCapability fused_linear_logprob_capability(ImplementationKind kind,
                                                   std::string_view backend_id) {
-  // The fused op computes exactly the canonical logits op's outputs (docs/fused.md).
-  return canon_capability(backend_id, kind);
+  // The fused op computes exactly the canonical logits op's outputs (docs/fused.md), on
+  // tile-aligned shard bounds.
+  return canon_capability(backend_id, kind, /*softcap=*/true, /*kept_sets=*/true,
+                          /*unaligned_bounds=*/false);
 }
 
 FusedBackend cpu_fused_backend(std::string name, std::string backend_id, std::string kernel) {

@@ -45,26 +45,6 @@ def test_real_vocab_beyond_a_vocab_start_table():
                            "table, which ends at column 1024"), text
 
 
-def test_tile_misaligned_shards_give_the_megatron_padding_fix():
-    text = message_of(lambda: dt.vocab_parallel_logprobs(
-        torch.randn(2, 5, 500), torch.zeros(2, 5, dtype=torch.long), group=mirror()))
-    assert text.startswith("logits.shape[-1]=500 columns per rank is not a multiple of the "
-                           "vocab tile width 128 (tile_width, the default)"), text
-    assert "detlogp.megatron_padded_vocab(1000, 2) = 1024 rows (512 per rank" in text
-    assert "tile_width" in text and "deterministic=False" in text
-    assert detlogp.megatron_padded_vocab(1000, 2) == 1024  # the fix it names is real
-    # A tile width given by the user, and a vocab_start table, are named as such.
-    text = message_of(lambda: dt.vocab_parallel_logprobs(
-        torch.randn(2, 5, 512), torch.zeros(2, 5, dtype=torch.long), group=mirror(),
-        tile_width=96, real_vocab=1000))
-    assert "vocab tile width 96 (tile_width)" in text
-    assert "detlogp.megatron_padded_vocab(1000, 2, 96)" in text
-    text = message_of(lambda: dt.vocab_parallel_logprobs(
-        torch.randn(2, 5, 500), torch.zeros(2, 5, dtype=torch.long), group=mirror(),
-        vocab_start=[(0, 500), (500, 1024)]))
-    assert text.startswith("vocab_start puts a shard bound at column 500"), text
-
-
 @pytest.mark.parametrize("group", [2, "tp", [0, 1]])
 def test_a_non_group_says_what_group_must_be(group):
     for call in (lambda: dt.vocab_parallel_logprobs(torch.randn(3, 8), torch.zeros(3).long(),

@@ -59,7 +59,8 @@ void validate_geometry(const TileGeometry& geometry, const char* kernel) {
   }
 }
 
-void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* kernel) {
+void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* kernel,
+                    ShardBounds tiles) {
   validate_geometry(spec.geometry, kernel);
   const int64_t w = spec.geometry.tile_width;
   if (shard.rows < 0 || shard.cols < 0) {
@@ -73,13 +74,14 @@ void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* 
   if (shard.rows > 0 && shard.cols > 0 && shard.data == nullptr) {
     fail(kernel, "shard.data is null for a non-empty shard");
   }
-  if (spec.vocab_start < 0 || spec.vocab_start % w != 0) {
+  const bool aligned = tiles == ShardBounds::tile_aligned;
+  if (spec.vocab_start < 0 || (aligned && spec.vocab_start % w != 0)) {
     fail(kernel, fmt::format("spec.vocab_start = {} must be >= 0 and a multiple of the tile "
                              "width W = {}",
                              spec.vocab_start, w));
   }
   const int64_t end = spec.vocab_start + shard.cols;
-  if (end % w != 0 && end < spec.geometry.real_vocab) {
+  if (aligned && end % w != 0 && end < spec.geometry.real_vocab) {
     fail(kernel, fmt::format("the shard ends at global column {} (vocab_start {} + cols {}), "
                              "which is neither a multiple of the tile width W = {} nor at or "
                              "after the real vocabulary R = {}",
@@ -208,9 +210,9 @@ void validate_targets(const LogitsView& shard, const ShardSpec& spec,
 }
 
 void validate_backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
-                       const MutableLogitsView& grad) {
+                       const MutableLogitsView& grad, ShardBounds tiles) {
   const char* kernel = "backward";
-  validate_shard(shard, spec, kernel);
+  validate_shard(shard, spec, kernel, tiles);
   if (grad.dtype != shard.dtype || grad.rows != shard.rows || grad.cols != shard.cols) {
     fail(kernel, fmt::format("grad is [{}, {}] of dtype {}, the shard [{}, {}] of dtype {}: "
                              "they must match",

@@ -21,10 +21,14 @@ ColumnRange tile_real_columns(const TileGeometry& geometry, int64_t tile);
 void validate_geometry(const TileGeometry& geometry, const char* kernel);
 
 // The shard view and where it sits: rows, cols >= 0, row_stride >= cols, data present,
-// vocab_start >= 0 and a multiple of W, the shard's end a multiple of W or at/after R (the last
-// shard may stop inside the last tile when nothing real follows), temperature finite and > 0,
-// row_temperature empty or one finite value > 0 per row.
-void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* kernel);
+// vocab_start >= 0 and, unless `tiles` is any_bounds, a multiple of W with the shard's end a
+// multiple of W or at/after R (the last shard may stop inside the last tile when nothing real
+// follows), temperature finite and > 0, row_temperature empty or one finite value > 0 per row.
+// The element-wise kernels (backward, read_target_logits) of the CPU backends accept any bounds;
+// node_partials always needs whole tiles.
+enum class ShardBounds { tile_aligned, any_bounds };
+void validate_shard(const LogitsView& shard, const ShardSpec& spec, const char* kernel,
+                    ShardBounds tiles = ShardBounds::tile_aligned);
 
 // A node of the tree of `geometry`: 0 <= level <= K and 0 <= index < 2^(K - level).
 void validate_tree_node(const TileGeometry& geometry, const TreeNode& node, const char* kernel);
@@ -49,7 +53,8 @@ void validate_exact_cover(const TileGeometry& geometry, std::span<const TreeNode
 // spans (sizes rows, entropy present when grad_entropy is), each target_local -1 or a real
 // column of the shard.
 void validate_backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
-                       const MutableLogitsView& grad);
+                       const MutableLogitsView& grad,
+                       ShardBounds tiles = ShardBounds::tile_aligned);
 
 // read_target_logits: the shard, target_local and out of size rows, each target -1 or a real
 // column of the shard.

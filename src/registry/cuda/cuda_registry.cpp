@@ -11,11 +11,11 @@
 namespace detlogp {
 
 BackendCapability cuda_capability() {
-  // The CUDA kernels run the whole canon (docs/cuda.md) but the logit softcap and kept sets: a
-  // contract with a softcap is refused with that reason, never served by a fallback, and a call
-  // with kept sets by the operator.
+  // The CUDA kernels run the whole canon (docs/cuda.md) but the logit softcap, kept sets and
+  // shard bounds that split tiles: a contract with a softcap or such bounds is refused with that
+  // reason, never served by a fallback, and a call with kept sets by the operator.
   return canon_capability(kCudaCanonicalBackendId, ImplementationKind::production,
-                          /*softcap=*/false, /*kept_sets=*/false);
+                          /*softcap=*/false, /*kept_sets=*/false, /*unaligned_bounds=*/false);
 }
 
 void register_cuda_backend(Registry& registry) {

@@ -307,7 +307,7 @@ TEST(CapabilityJson, SortedValueListsAndNulls) {
             R"(["explicit_active_mask","ignore_index"],"reduction_orders":)"
             R"(["canonical_tile_tree","global_vocab_shard_index"],"roles":["infer","train"],)"
             R"("supports_kept_sets":false,"supports_softcap":false,"supports_temperature":true,)"
-            R"("supports_vocab_padding":true,)"
+            R"("supports_unaligned_bounds":false,"supports_vocab_padding":true,)"
             R"("tile_widths":null,)"
             R"("tp_world_sizes":[4,1,2]})");
   const BackendCapability single_shard(single_shard_params());

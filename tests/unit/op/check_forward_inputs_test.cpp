@@ -34,7 +34,7 @@ TEST(CheckForwardInputs, SameOrderAndMessagesAsForward) {
     std::vector<int64_t> targets;
     const char* phrase;
   };
-  for (const Case& k : {Case{misaligned, 400, targets, "not aligned to the vocab tile size"},
+  for (const Case& k : {Case{misaligned, 400, targets, "has 400 vocab columns"},
                         Case{aligned, 400, targets, "has 400 vocab columns"},
                         Case{aligned, 512, {1, 2}, "one entry per token"}}) {
     const LogprobContract c = make_contract(k.layout, 0, rows, copt);

@@ -73,6 +73,7 @@ class ShardRow {
 class ReferenceKernels final : public ShardKernels {
  public:
   std::string name() const override { return "scalar-reference"; }
+  bool supports_unaligned_bounds() const override { return true; }
 
   void node_partials(const LogitsView& shard, const ShardSpec& spec,
                      std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
@@ -108,7 +109,7 @@ class ReferenceKernels final : public ShardKernels {
 
   void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                 const MutableLogitsView& grad, const ExecOptions& /*exec*/) const override {
-    kernels::validate_backward(shard, spec, in, grad);
+    kernels::validate_backward(shard, spec, in, grad, kernels::ShardBounds::any_bounds);
     const int64_t real_end = spec.geometry.real_vocab;
     for (int64_t r = 0; r < shard.rows; ++r) {
       const auto ri = static_cast<size_t>(r);
@@ -135,7 +136,7 @@ class ReferenceKernels final : public ShardKernels {
 void read_target_logits(const LogitsView& shard, const ShardSpec& spec,
                         std::span<const int64_t> target_local, std::span<float> out) {
   const char* kernel = "read_target_logits";
-  kernels::validate_shard(shard, spec, kernel);
+  kernels::validate_shard(shard, spec, kernel, kernels::ShardBounds::any_bounds);
   kernels::validate_targets(shard, spec, target_local, kernel);
   if (static_cast<int64_t>(out.size()) != shard.rows) {
     throw ContractError("detlogp read_target_logits: out has " + std::to_string(out.size()) +

@@ -116,6 +116,7 @@ class HighwayKernels final : public ShardKernels {
   explicit HighwayKernels(const simd::TargetOps& ops) : ops_(ops) {}
 
   std::string name() const override { return std::string("highway:") + ops_.name; }
+  bool supports_unaligned_bounds() const override { return true; }
 
   void node_partials(const LogitsView& shard, const ShardSpec& spec,
                      std::span<const TreeNode> nodes, bool with_entropy, std::span<NodePartial> out,
@@ -161,7 +162,7 @@ class HighwayKernels final : public ShardKernels {
 
   void backward(const LogitsView& shard, const ShardSpec& spec, const BackwardInputs& in,
                 const MutableLogitsView& grad, const ExecOptions& exec) const override {
-    kernels::validate_backward(shard, spec, in, grad);
+    kernels::validate_backward(shard, spec, in, grad, kernels::ShardBounds::any_bounds);
     if (shard.rows == 0 || shard.cols == 0) return;
     simd::BackwardJob job;
     static_cast<simd::ShardJob&>(job) = shard_job(shard, spec);
