@@ -120,7 +120,7 @@ def test_softcap_reaches_the_call_on_dtensor_logits(topology):
         assert not torch.equal(got["logp"], got["uncapped"]), f"rank {rank}: cap ignored"
 
 
-def test_dtensor_misuse_fails_with_the_fix(topology):
+def test_dtensor_misuse_fails_with_the_fix_and_any_split_works(topology):
     name, ranks = topology
     if name != "tp2":
         pytest.skip("run on the TP=2 mesh")
@@ -136,7 +136,5 @@ def test_dtensor_misuse_fails_with_the_fix(topology):
         assert "Partial" in res["partial"]["message"]
         assert "redistribute" in res["partial"]["message"]
         assert "logits is not" in res["plain logits, DTensor targets"]["message"]
-        off = res["off the tiles"]["message"]
-        assert "not a multiple of the vocab tile width 128" in off, off
-        assert "DTensor's split [(0, 500), (500, 1000)]" in off, off
-        assert "megatron_padded_vocab(1000, 2) = 1024" in off, off
+        off = res["off the tiles"]
+        assert_bitwise(off["logp"], off["one rank"], "DTensor split off the tiles")
