@@ -41,7 +41,8 @@ from detlogp._kept import kept_argument, outside_neg_inf, token_kept
 from detlogp._layout import (cover_view, from_rows, in_token_order, logits_cover, row_grad,
                              to_rows)
 from detlogp._op import LogprobOp, get_logprob_op
-from detlogp._torch_args import (active_tokens, int_targets, op_mask, op_targets, op_temperature, op_vocab_start, real_vocab_size,
+from detlogp._torch_args import (active_tokens, int_targets, op_mask, op_targets,
+                                 op_temperature, op_vocab_start, real_vocab_size,
                                  token_temperature, vocab_bounds)
 
 __all__ = ["vocab_parallel_logprobs", "vocab_parallel_cross_entropy", "logprobs_from_logits",

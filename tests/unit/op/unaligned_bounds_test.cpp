@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "detlogp/capability.hpp"
@@ -131,6 +132,42 @@ TEST(UnalignedBounds, AnyPartitionEqualsTp1WithSoftcapAndRowTemperatures) {
         }
       }
     }
+  }
+}
+
+// Each row alone gives the bits it has inside the batch (layout with a tile split over three
+// ranks and an empty rank), and logp, LSE and entropy are within 1e-5 of a float64 oracle.
+TEST(UnalignedBounds, RowAloneEqualsTheRowInTheBatchAndMatchesTheOracle) {
+  const int64_t real = 700, padded = 704, rows = 4;
+  const Layout l = from_cuts(real, padded, {65, 70, 70, 200, 699});
+  const auto targets = targets_for(rows, real, 41);
+  const VocabParallelLogprob op(simd_kernels(), "test-simd");
+  const ContractOptions copt{.tile_width = 64};
+  const ForwardOptions fopt{.entropy = true, .exec = {.threads = 2}};
+  const FullLogits logits = make_logits(DType::fp32, rows, real, padded, 42);
+  const TpRun batch = run_tp(op, logits, l, targets, copt, fopt, {});
+  for (int64_t i = 0; i < rows; ++i) {
+    FullLogits one = logits;
+    one.rows = 1;
+    one.f32.assign(logits.f32.begin() + i * padded, logits.f32.begin() + (i + 1) * padded);
+    const TpRun alone = run_tp(op, one, l, {targets[static_cast<std::size_t>(i)]}, copt, fopt, {});
+    const LogprobResult& b = batch.ranks[0].result;
+    for (const RankOutputs& r : alone.ranks) {
+      EXPECT_EQ(bits({b.logp[i]}), bits(r.result.logp)) << "row " << i;
+      EXPECT_EQ(bits({b.lse[i]}), bits(r.result.lse)) << "row " << i;
+      EXPECT_EQ(bits({b.entropy[i]}), bits(r.result.entropy)) << "row " << i;
+    }
+    long double mx = -INFINITY, sum = 0, h = 0;
+    for (int64_t c = 0; c < real; ++c) mx = std::max<long double>(mx, logits.at(i, c));
+    for (int64_t c = 0; c < real; ++c) sum += std::exp(logits.at(i, c) - mx);
+    const long double lse = mx + std::log(sum);
+    for (int64_t c = 0; c < real; ++c) {
+      const long double p = std::exp(logits.at(i, c) - lse);
+      h -= p * (logits.at(i, c) - lse);
+    }
+    EXPECT_NEAR(b.lse[i], static_cast<double>(lse), 1e-5);
+    EXPECT_NEAR(b.logp[i], static_cast<double>(logits.at(i, targets[i]) - lse), 1e-5);
+    EXPECT_NEAR(b.entropy[i], static_cast<double>(h), 1e-5);
   }
 }
 
