@@ -142,7 +142,7 @@ const SavedForward& saved_state_of(const LogprobResult& fwd, SavedForward::Produ
 
 void check_logits_grad(const MutableLogitsView& grad, const LogitsView& logits) {
   if (grad.rows != logits.rows || grad.cols != logits.cols || grad.dtype != logits.dtype ||
-      grad.row_stride < grad.cols || (grad.rows > 0 && grad.data == nullptr)) {
+      grad.row_stride < grad.cols || (grad.rows > 0 && grad.cols > 0 && grad.data == nullptr)) {
     throw ContractError(ErrorCode::wrong_shape, "grad",
                         fmt::format("grad must have the logits' shape [{}, {}] and dtype {}; got "
                                     "[{}, {}] {} (row_stride {})",

@@ -23,7 +23,9 @@ namespace {
 // the communicator's; docs/operator.md, "What forward does"), as ContractError.
 void check_input_shapes(const LogitsView& logits, std::span<const int64_t> targets,
                         const LogprobContract& c) {
-  if (logits.rows < 0 || logits.cols < 0 || (logits.rows > 0 && logits.data == nullptr)) {
+  // A rank that holds no columns may pass a view without data.
+  if (logits.rows < 0 || logits.cols < 0 ||
+      (logits.rows > 0 && logits.cols > 0 && logits.data == nullptr)) {
     throw ContractError(
         ErrorCode::wrong_shape, "local_logits",
         fmt::format(

@@ -1,7 +1,7 @@
 // The vocab-parallel operator across real processes (mpirun -np 2 / 4): every rank's outputs
 // and gradient shard are bitwise equal to TP=1 computed locally on the full logits, for every
-// dtype, even and uneven bounds, Megatron padding per TP; TP x CP splits; preflight failures
-// reach every rank.
+// dtype, even and uneven bounds, Megatron padding per TP, bounds that are not tile multiples;
+// TP x CP splits; preflight failures reach every rank.
 #include <gtest/gtest.h>
 
 #include "detlogp/mpi_comm.hpp"
@@ -89,6 +89,39 @@ TEST(MpiOperator, OneTpGroupBitwiseEqualsTp1) {
     uneven[0].end -= shift;
     uneven[1].start -= shift;
     check_rank(op, world, logits, uneven, targets, copt, g, ref, "uneven TP" + std::to_string(tp));
+  }
+}
+
+// Shard bounds that are not tile multiples: vLLM's layout (the vocabulary padded to 64, ranks of
+// ceil(P / TP) columns: 37984 at TP 4), and a layout whose first rank holds no columns and
+// whose second holds 100 columns inside one tile, the others splitting the rest unevenly.
+TEST(MpiOperator, UnalignedBoundsBitwiseEqualTp1) {
+  MpiComm world = MpiComm::world();
+  const int64_t tp = world.size();
+  const int64_t rows = 5;
+  VocabParallelLogprob op(simd_kernels(), std::string(kCpuCanonicalBackendId));
+  const auto targets = targets_for(rows);
+  const GradInputs g = patterned_grads(rows);
+  const int64_t padded = (kReal + 63) / 64 * 64;
+  const int64_t per = (padded + tp - 1) / tp;
+  std::vector<VocabRange> vllm, ragged;
+  for (int64_t r = 0; r < tp; ++r) {
+    vllm.push_back({std::min(r * per, padded), std::min((r + 1) * per, padded)});
+  }
+  ragged.push_back({0, 0});
+  ragged.push_back({0, 100});
+  for (int64_t r = 2, start = 100; r < tp; ++r) {
+    const int64_t end = r + 1 == tp ? padded : start + 30001 * r;
+    ragged.push_back({start, end});
+    start = end;
+  }
+  if (tp == 2) ragged = {{0, 100}, {100, padded}};
+  for (DType dtype : {DType::bf16, DType::fp32}) {
+    const ContractOptions copt{.dtype = dtype, .active = {true, false, true, true, true}};
+    const auto ref = tp1(op, make_logits(dtype, rows, kReal, kReal, 9), targets, copt, g);
+    const FullLogits logits = make_logits(dtype, rows, kReal, padded, 9);
+    check_rank(op, world, logits, vllm, targets, copt, g, ref, "vLLM TP" + std::to_string(tp));
+    check_rank(op, world, logits, ragged, targets, copt, g, ref, "ragged TP" + std::to_string(tp));
   }
 }
 

@@ -186,6 +186,35 @@ TEST(UnalignedBounds, TargetsInSplitTilesAndInactiveRows) {
   EXPECT_EQ(want.ranks[0].result.logp[3], 0.0f);
 }
 
+// A rank without columns may pass views without data (an empty tensor's), forward and backward.
+TEST(UnalignedBounds, ARankWithoutColumnsNeedsNoData) {
+  const int64_t real = 200, rows = 3;
+  const Layout l = from_cuts(real, real, {0, 70});
+  const auto targets = targets_for(rows, real, 51);
+  const VocabParallelLogprob op(simd_kernels(), "test-simd");
+  const FullLogits logits = make_logits(DType::fp32, rows, real, real, 52);
+  const TpRun want = run_tp(op, logits, {real, real, {{0, real}}}, targets, {}, {}, {});
+  const RankErrors errs = rank_errors(3, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const VocabRange b = l.bounds[static_cast<std::size_t>(r)];
+    const LogprobContract c = make_contract(l, r, rows, {});
+    const LogitsView v =
+        r == 0 ? LogitsView{.dtype = DType::fp32, .rows = rows} : logits.shard(b.start, b.end);
+    const LogprobResult res = op.forward(v, targets, c, comm, {});
+    EXPECT_EQ(bits(res.logp), bits(want.ranks[0].result.logp)) << "rank " << r;
+    std::vector<float> grad(static_cast<std::size_t>(rows * b.size()));
+    const std::vector<float> g(static_cast<std::size_t>(rows), 1.0f);
+    op.backward(res, {.grad_logp = g},
+                {.data = r == 0 ? nullptr : grad.data(),
+                 .dtype = DType::fp32,
+                 .rows = rows,
+                 .cols = b.size(),
+                 .row_stride = b.size()});
+  });
+  ASSERT_TRUE(errs.finished);
+  for (const std::string& e : errs.errors) EXPECT_EQ(e, "");
+}
+
 // The fragment all-gather moves rows x (widest head fragment) x dtype bytes: at Qwen3's TP 4
 // vLLM layout in bf16, 96 columns per row (0.25% of a rank's 37984), none when aligned.
 TEST(UnalignedBounds, FragmentTrafficIsOnlyTheHeadFragments) {
