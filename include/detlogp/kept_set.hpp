@@ -8,6 +8,11 @@
 //
 //   std::vector<int64_t> ids = {5, 17, 2, -1,   9, 3, -1, -1};  // 2 rows, width 4
 //   auto out = op.forward(logits, targets, contract, comm, {.kept = {.ids = ids, .width = 4}});
+//
+// Or recomputed from the logits, by the sampler's per-row top_k / top_p:
+//
+//   std::vector<int32_t> k = {50, 50};
+//   auto out = op.forward(logits, targets, contract, comm, {.kept = {.top_k = k}});
 
 #include <cstdint>
 #include <span>
@@ -29,8 +34,16 @@ struct KeptSetOptions {
   std::span<const int64_t> ids = {};
   int64_t width = 0;  // 0 with empty ids: no kept sets (the full real vocabulary)
   OutsideKept outside = OutsideKept::error;
+  // Recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k, top-p)"), instead of
+  // ids: per row [rows] the sampler's top_k (0: off, else 1 .. kMaxKeptIds) and top_p (in
+  // (0, 1]; 1: off); an empty span is off for every row. Every row must be restricted (top_k > 0
+  // or top_p < 1), or none (then the call is the full-vocabulary one). The result's kept_ids
+  // are the selected sets. Copied: need not outlive the call.
+  std::span<const int32_t> top_k = {};
+  std::span<const float> top_p = {};
 
   bool given() const { return width != 0 || !ids.empty(); }
+  bool recomputed() const { return !top_k.empty() || !top_p.empty(); }
 };
 
 }  // namespace detlogp

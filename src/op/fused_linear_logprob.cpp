@@ -13,6 +13,7 @@
 #include "detlogp/version.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
+#include "op/kept_selection.hpp"
 #include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
 #include "op/vocab_layout.hpp"
@@ -127,12 +128,15 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   op::PreflightFacts facts = op::call_facts(op::kFusedForwardPhase, c, backend, opt.entropy, rows);
   facts.row_temperature = opt.row_temperature;
   facts.kept = opt.kept;
+  facts.top_k = opt.kept.top_k;
+  facts.top_p = opt.kept.top_p;
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     if (opt.row_block <= 0) {
       throw ContractError(ErrorCode::out_of_range, "row_block",
                           fmt::format("row_block = {} must be positive", opt.row_block));
     }
     check_invocation(hidden, weight, targets, c, comm, opt.validate, opt.row_temperature);
+    op::check_recomputed_kept(opt.kept, rows);
     if (opt.kept.given()) op::check_kept_ids(opt.kept, rows, targets, c);
   });
 
@@ -158,9 +162,43 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
   f.active = owners.active;
   f.has_entropy = opt.entropy;
   f.exec = opt.exec;
-  if (opt.kept.given()) {  // only the kept scores: no node partials of the vocabulary
-    f.kept = op::resolve_kept_ids(opt.kept.ids, rows, opt.kept.width);
-    f.kept_width = opt.kept.width;
+  // The full vocabulary: node partials, one all-gather, roots, logp.
+  const auto full = [&] {
+    const std::vector<TreeNode>& cover = f.covers.of_rank[sh.tp_rank()];
+    std::vector<NodePartial> local(static_cast<std::size_t>(rows) * cover.size());
+    kernels_->node_partials(f.shard, cover, opt.entropy, local, opt.exec);
+    std::vector<float> target_z(static_cast<std::size_t>(rows));
+    kernels_->read_target_logits(f.shard, f.target_local, target_z);
+
+    // The logits operator's exchange: one all-gather, the roots, logp, the finite-LSE check.
+    const op::ForwardWire wire(rows, f.covers.widest(), opt.entropy);
+    const std::vector<float> gathered =
+        op::all_gather_blocks(comm, op::pack_forward_block(wire, local, cover.size(), target_z),
+                              "fused forward all-gather of the node partials");
+    FusedLogprobResult out;
+    out.lse.resize(static_cast<std::size_t>(rows));
+    if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
+    op::merge_cover_roots(kernels_->shard_kernels(), f.shard.geometry, f.covers, wire, gathered,
+                          rows, RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
+    out.logp = op::selected_logps(wire, gathered, owners, out.lse);
+    if (opt.validate) op::check_finite_lse(c.mask().active_mask(), out.lse, "hidden");
+    return out;
+  };
+
+  // Recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the full
+  // roots first where top-p needs the row's LSE, then the selection, the same ids on every rank.
+  const op::KeptSelectionParams params = op::selection_params(opt.kept);
+  op::KeptSelection selected;
+  const bool recompute = op::restricts_rows(params, rows);
+  if (recompute) {
+    std::vector<float> full_lse;
+    if (op::needs_full_lse(params, rows)) full_lse = full().lse;
+    selected = op::select_kept_sets_of_fused(comm, *kernels_, f.shard, params, full_lse, opt.exec);
+  }
+  if (opt.kept.given() || recompute) {  // only the kept scores: no node partials of the vocabulary
+    f.kept = recompute ? std::move(selected.ids)
+                       : op::resolve_kept_ids(opt.kept.ids, rows, opt.kept.width);
+    f.kept_width = recompute ? selected.width : opt.kept.width;
     op::KeptOutputs kept = op::kept_forward(
         comm, sh, kernels_->shard_kernels(), f.kept, f.kept_width, targets, f.active, opt.entropy,
         [&](std::span<const int64_t> cols, std::span<float> z) {
@@ -175,29 +213,13 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
     out.kept_ids = f.kept;
     out.kept_width = f.kept_width;
     f.outside_kept = std::move(kept.outside);
+    if (recompute) op::check_targets_selected(f.outside_kept, targets, opt.kept.outside);
     f.lse = out.lse;
     f.entropy = out.entropy;
     out.saved = std::move(saved);
     return out;
   }
-  const std::vector<TreeNode>& cover = f.covers.of_rank[sh.tp_rank()];
-  std::vector<NodePartial> local(static_cast<std::size_t>(rows) * cover.size());
-  kernels_->node_partials(f.shard, cover, opt.entropy, local, opt.exec);
-  std::vector<float> target_z(static_cast<std::size_t>(rows));
-  kernels_->read_target_logits(f.shard, f.target_local, target_z);
-
-  // The logits operator's exchange: one all-gather, the roots, logp, the finite-LSE check.
-  const op::ForwardWire wire(rows, f.covers.widest(), opt.entropy);
-  const std::vector<float> gathered =
-      op::all_gather_blocks(comm, op::pack_forward_block(wire, local, cover.size(), target_z),
-                            "fused forward all-gather of the node partials");
-  FusedLogprobResult out;
-  out.lse.resize(static_cast<std::size_t>(rows));
-  if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
-  op::merge_cover_roots(kernels_->shard_kernels(), f.shard.geometry, f.covers, wire, gathered, rows,
-                        RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
-  out.logp = op::selected_logps(wire, gathered, owners, out.lse);
-  if (opt.validate) op::check_finite_lse(c.mask().active_mask(), out.lse, "hidden");
+  FusedLogprobResult out = full();
   f.lse = out.lse;
   f.entropy = out.entropy;
   out.saved = std::move(saved);

@@ -111,6 +111,49 @@ void check_kept_selection(const KeptSelectionParams& params, int64_t rows) {
   }
 }
 
+void check_recomputed_kept(const KeptSetOptions& kept, int64_t rows) {
+  if (!kept.recomputed()) return;
+  if (kept.given()) {
+    throw ContractError(ErrorCode::conflicting_fields, "kept_ids",
+                        "kept_ids and top_k/top_p were both given: pass either kept_ids or "
+                        "top_k/top_p");
+  }
+  const KeptSelectionParams params = selection_params(kept);
+  check_kept_selection(params, rows);
+  if (!restricts_rows(params, rows)) return;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    if (top_k_of(params, r) == 0 && !(top_p_of(params, r) < 1.0f)) {
+      throw ContractError(
+          ErrorCode::conflicting_fields, "top_k",
+          fmt::format("row {} has top_k 0 and top_p 1 (no restriction) while other rows are "
+                      "restricted; every row needs top_k or top_p < 1; use the full-vocabulary "
+                      "call for unrestricted rows",
+                      r));
+    }
+  }
+}
+
+bool restricts_rows(const KeptSelectionParams& params, int64_t rows) {
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    if (top_k_of(params, r) > 0 || top_p_of(params, r) < 1.0f) return true;
+  }
+  return false;
+}
+
+void check_targets_selected(std::span<const uint8_t> outside, std::span<const int64_t> targets,
+                            OutsideKept policy) {
+  if (policy != OutsideKept::error) return;
+  for (std::size_t i = 0; i < outside.size(); ++i) {
+    if (!outside[i]) continue;
+    throw ContractError(
+        ErrorCode::conflicting_fields, "targets",
+        fmt::format("target id {} of row {} is not in the row's kept set selected by its "
+                    "top_k/top_p; the sampled token must be kept (check the sampler's top_k and "
+                    "top_p, or pass outside_kept=neg_inf to score it -inf instead)",
+                    targets[i], i));
+  }
+}
+
 std::vector<int64_t> candidate_counts(const KeptSelectionParams& params, int64_t rows,
                                       int64_t real_vocab) {
   std::vector<int64_t> counts(static_cast<std::size_t>(rows), 0);

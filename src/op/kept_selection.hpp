@@ -29,6 +29,26 @@ struct KeptSelectionParams {
 // (0, 1] (NaN rejected).
 void check_kept_selection(const KeptSelectionParams& params, int64_t rows);
 
+// The parameters of recomputed kept sets in KeptSetOptions (its top_k and top_p).
+inline KeptSelectionParams selection_params(const KeptSetOptions& kept) {
+  return {.top_k = kept.top_k, .top_p = kept.top_p};
+}
+
+// The operators' local checks of recomputed kept sets (ContractError): not together with kept
+// ids (conflicting_fields, "pass either kept_ids or top_k/top_p"), check_kept_selection, then
+// every row restricted or none (field "top_k", naming the first unrestricted row).
+void check_recomputed_kept(const KeptSetOptions& kept, int64_t rows);
+
+// Whether some row is restricted (top_k > 0 or top_p < 1); by check_recomputed_kept, then all
+// are, else the call is the full-vocabulary one.
+bool restricts_rows(const KeptSelectionParams& params, int64_t rows);
+
+// After the kept forward over selected sets, with OutsideKept::error: ContractError (field
+// "targets", naming the first active row whose target is outside its selected set). The sets are
+// the same on every rank, so every rank throws alike.
+void check_targets_selected(std::span<const uint8_t> outside, std::span<const int64_t> targets,
+                            OutsideKept policy);
+
 // Candidates row r needs from every shard (and keeps after the merge): min(top_k, R) with
 // top-k, else min(1024, R) when top_p < 1, else 0 (an unrestricted row).
 std::vector<int64_t> candidate_counts(const KeptSelectionParams& params, int64_t rows,

@@ -11,6 +11,7 @@
 #include "op/boundary_fragments.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
+#include "op/kept_selection.hpp"
 #include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
 #include "op/saved_forward.hpp"
@@ -213,17 +214,22 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   facts.targets = targets;
   facts.row_temperature = opt.row_temperature;
   facts.kept = opt.kept;
+  facts.top_k = opt.kept.top_k;
+  facts.top_p = opt.kept.top_p;
   op::check_then_preflight(comm, sh.tp_world_size(), std::move(facts), [&] {
     check_mode(c, opt.deterministic, &kernels_);
     check_invocation(logits, targets, c, comm, opt.validate, opt.row_temperature);
-    if (opt.kept.given()) {
+    if (opt.kept.given() || opt.kept.recomputed()) {
       if (!kernels_.supports_kept_sets()) {
-        throw ContractError(ErrorCode::not_supported, "kept_ids",
+        const char* field = opt.kept.given() ? "kept_ids" : "top_k";
+        throw ContractError(ErrorCode::not_supported, field,
                             fmt::format("{} ({}) has no kept sets (supports_kept_sets false); "
-                                        "call without kept_ids or use a CPU backend",
-                                        backend_id_, kernels_.name()));
+                                        "call without {} or use a CPU backend",
+                                        backend_id_, kernels_.name(),
+                                        opt.kept.given() ? "kept_ids" : "top_k/top_p"));
       }
-      op::check_kept_ids(opt.kept, rows, targets, c);
+      op::check_recomputed_kept(opt.kept, rows);
+      if (opt.kept.given()) op::check_kept_ids(opt.kept, rows, targets, c);
     }
   });
 
@@ -256,57 +262,77 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   saved->row_temperature.assign(opt.row_temperature.begin(), opt.row_temperature.end());
   saved->spec.row_temperature = saved->row_temperature;
   if (opt.kept.given()) return forward_kept(logits, targets, c, comm, opt, std::move(saved));
-  std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
-  if (opt.deterministic) {
-    // Unaligned bounds: first the boundary fragments of the split tiles (none when aligned).
-    const op::SplitTile split =
-        op::fragment_width(c) > 0 ? op::exchange_fragments(comm, c, logits) : op::SplitTile{};
-    local = canonical_node_partials(
-        kernels_, logits, saved->spec,
-        op::shard_tiles(sh.vocab_shard_bounds()[sh.tp_rank()], saved->spec.geometry), local_nodes,
-        split, opt.entropy, opt.exec);
-  } else if (!local_nodes.empty()) {
-    kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
-  }
-  if (!opt.deterministic) local = fold_rows(local, rows, local_nodes.size(), opt.entropy);
-  std::vector<float> target_z(static_cast<std::size_t>(rows));
-  kernels_.read_target_logits(logits, saved->spec, saved->target_local, target_z);
 
-  // 4. This rank's block of the all-gather (op/forward_wire.hpp); one all-gather.
-  const op::ForwardWire wire(rows, opt.deterministic ? covers.widest() : 1, opt.entropy);
-  const std::vector<float> gathered = op::all_gather_blocks(
-      comm,
-      op::pack_forward_block(wire, local, opt.deterministic ? local_nodes.size() : 1, target_z),
-      "forward all-gather of the node partials");
-
-  // 5. Roots. Deterministic: every rank's cover nodes in rank order, one merge by the tree.
-  //    Non-deterministic: one partial per rank, folded in rank order.
-  LogprobResult out;
-  out.lse.resize(static_cast<std::size_t>(rows));
-  if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
-  if (opt.deterministic) {
-    op::merge_cover_roots(kernels_, saved->spec.geometry, covers, wire, gathered, rows,
-                          RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
-  } else {
-    for (int64_t i = 0; i < rows; ++i) {
-      canon::Partial acc = canon::identity_partial();
-      for (int64_t r = 0; r < sh.tp_world_size(); ++r) {
-        acc = canon::merge(acc, wire.partial(wire.block_of(gathered, r), i, 0), opt.entropy);
-      }
-      const canon::RootValues root = canon::finish_root(acc);
-      out.lse[i] = root.lse;
-      if (opt.entropy) out.entropy[i] = root.entropy;
+  // 3-7. The full vocabulary: node partials, one all-gather, roots, logp.
+  const auto full = [&](std::shared_ptr<SavedForward> saved) {
+    std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
+    if (opt.deterministic) {
+      // Unaligned bounds: first the boundary fragments of the split tiles (none when aligned).
+      const op::SplitTile split =
+          op::fragment_width(c) > 0 ? op::exchange_fragments(comm, c, logits) : op::SplitTile{};
+      local = canonical_node_partials(
+          kernels_, logits, saved->spec,
+          op::shard_tiles(sh.vocab_shard_bounds()[sh.tp_rank()], saved->spec.geometry), local_nodes,
+          split, opt.entropy, opt.exec);
+    } else if (!local_nodes.empty()) {
+      kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
     }
-  }
+    if (!opt.deterministic) local = fold_rows(local, rows, local_nodes.size(), opt.entropy);
+    std::vector<float> target_z(static_cast<std::size_t>(rows));
+    kernels_.read_target_logits(logits, saved->spec, saved->target_local, target_z);
 
-  // 6. logp: the target logit is copied from its owner's block, never summed.
-  out.logp = op::selected_logps(wire, gathered, owners, out.lse);
+    // 4. This rank's block of the all-gather (op/forward_wire.hpp); one all-gather.
+    const op::ForwardWire wire(rows, opt.deterministic ? covers.widest() : 1, opt.entropy);
+    const std::vector<float> gathered = op::all_gather_blocks(
+        comm,
+        op::pack_forward_block(wire, local, opt.deterministic ? local_nodes.size() : 1, target_z),
+        "forward all-gather of the node partials");
 
-  // 7. Active rows must have a finite LSE (checked after compute, identically on every rank).
-  if (opt.validate) op::check_finite_lse(c.mask().active_mask(), out.lse, "local_logits");
-  saved->lse = out.lse;
-  if (saved->entropy_grad) saved->entropy = out.entropy;  // backward's only use of it
-  out.saved = std::move(saved);
+    // 5. Roots. Deterministic: every rank's cover nodes in rank order, one merge by the tree.
+    //    Non-deterministic: one partial per rank, folded in rank order.
+    LogprobResult out;
+    out.lse.resize(static_cast<std::size_t>(rows));
+    if (opt.entropy) out.entropy.resize(static_cast<std::size_t>(rows));
+    if (opt.deterministic) {
+      op::merge_cover_roots(kernels_, saved->spec.geometry, covers, wire, gathered, rows,
+                            RootsOut{.lse = out.lse, .entropy = out.entropy}, opt.exec);
+    } else {
+      for (int64_t i = 0; i < rows; ++i) {
+        canon::Partial acc = canon::identity_partial();
+        for (int64_t r = 0; r < sh.tp_world_size(); ++r) {
+          acc = canon::merge(acc, wire.partial(wire.block_of(gathered, r), i, 0), opt.entropy);
+        }
+        const canon::RootValues root = canon::finish_root(acc);
+        out.lse[i] = root.lse;
+        if (opt.entropy) out.entropy[i] = root.entropy;
+      }
+    }
+
+    // 6. logp: the target logit is copied from its owner's block, never summed.
+    out.logp = op::selected_logps(wire, gathered, owners, out.lse);
+
+    // 7. Active rows must have a finite LSE (checked after compute, identically on every rank).
+    if (opt.validate) op::check_finite_lse(c.mask().active_mask(), out.lse, "local_logits");
+    saved->lse = out.lse;
+    if (saved->entropy_grad) saved->entropy = out.entropy;  // backward's only use of it
+    out.saved = std::move(saved);
+    return out;
+  };
+
+  // Recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the full
+  // roots first where top-p needs the row's LSE, the selection (the same ids on every rank),
+  // then the kept forward over the selected ids.
+  const op::KeptSelectionParams params = op::selection_params(opt.kept);
+  if (!op::restricts_rows(params, rows)) return full(std::move(saved));
+  std::vector<float> full_lse;
+  if (op::needs_full_lse(params, rows)) full_lse = full(std::make_shared<SavedForward>(*saved)).lse;
+  const op::KeptSelection selected = op::select_kept_sets_of_logits(
+      comm, kernels_, c, logits, opt.row_temperature, params, full_lse, opt.exec);
+  ForwardOptions kept_opt = opt;
+  kept_opt.kept =
+      KeptSetOptions{.ids = selected.ids, .width = selected.width, .outside = opt.kept.outside};
+  LogprobResult out = forward_kept(logits, targets, c, comm, kept_opt, std::move(saved));
+  op::check_targets_selected(out.saved->outside_kept, targets, opt.kept.outside);
   return out;
 }
 
