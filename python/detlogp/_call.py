@@ -69,11 +69,13 @@ class LogitsCall:
 
     __slots__ = ("cpp", "backend_id", "platform", "logits", "view", "targets", "contract",
                  "comm", "deterministic", "validate", "entropy", "entropy_grad", "threads",
-                 "rows_layout", "row_temperature", "kept_ids", "outside_neg_inf")
+                 "rows_layout", "row_temperature", "kept_ids", "outside_neg_inf", "top_k",
+                 "top_p")
 
     def __init__(self, *, cpp, backend_id, platform, logits, view, targets, contract, comm,
                  deterministic, validate, entropy, entropy_grad, threads, rows_layout="",
-                 row_temperature=None, kept_ids=None, outside_neg_inf=False):
+                 row_temperature=None, kept_ids=None, outside_neg_inf=False, top_k=None,
+                 top_p=None):
         self.cpp, self.backend_id, self.platform = cpp, backend_id, platform
         self.logits, self.view, self.targets = logits, view, targets
         self.contract, self.comm = contract, comm
@@ -83,6 +85,9 @@ class LogitsCall:
         self.row_temperature = row_temperature  # float32 [rows] or None: the contract's
         self.kept_ids = kept_ids  # int64 [rows, K] (-1 padded) or None: the full vocabulary
         self.outside_neg_inf = outside_neg_inf  # a target outside its kept set: -inf, not error
+        # Recomputed kept sets: int32 / float32 [rows] or None (docs/numerics.md "Recomputed
+        # kept sets (top-k, top-p)").
+        self.top_k, self.top_p = top_k, top_p
 
     def _forward(self):
         with on_device(self.logits, self.platform):
@@ -92,7 +97,7 @@ class LogitsCall:
                 validate=self.validate, entropy=self.entropy, threads=self.threads,
                 entropy_grad=self.entropy_grad, rows_layout=self.rows_layout,
                 row_temperature=self.row_temperature, kept_ids=self.kept_ids,
-                outside_neg_inf=self.outside_neg_inf)
+                outside_neg_inf=self.outside_neg_inf, top_k=self.top_k, top_p=self.top_p)
         return LogprobForward(handle, self.logits, self.platform, self.backend_id)
 
     def run(self, again=None):
@@ -136,6 +141,12 @@ class LogprobForward:
         self.lse = convert(handle.lse)
         ent = handle.entropy
         self.entropy = None if ent is None else convert(ent)
+
+    @property
+    def kept_ids(self):
+        """The call's kept sets (given or recomputed), int64 NumPy [rows, width] (-1 padded),
+        or None without kept sets."""
+        return self._handle.kept_ids
 
     @property
     def saved_logits_data_ptr(self):

@@ -120,14 +120,15 @@ def vocab_parallel_logprobs(
         vocab_bounds: Optional[list[int]], threads: Optional[int], tile_width: Optional[int],
         entropy_grad: bool, cache: str, softcap: Optional[float],
         row_temperature: Optional[Tensor] = None, kept_ids: Optional[Tensor] = None,
-        outside_neg_inf: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        outside_neg_inf: bool = False, top_k: Optional[Tensor] = None,
+        top_p: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """(logp, entropy or an empty tensor, saved state) of ``detlogp.torch``'s call."""
     from . import torch as api
 
     call = api._op_call(logits, targets, loss_mask, group, real_vocab, ignore_index,
                         temperature, entropy, deterministic, vocab_start, vocab_bounds,
                         threads, tile_width, entropy_grad, cache, softcap, row_temperature,
-                        kept_ids, outside_neg_inf)
+                        kept_ids, outside_neg_inf, top_k, top_p)
     outputs = call.forward((logits,))
     ent = outputs[1] if entropy else torch.zeros(0, dtype=torch.float32, device=logits.device)
     return outputs[0], ent, _save(call)
@@ -136,7 +137,8 @@ def vocab_parallel_logprobs(
 @vocab_parallel_logprobs.register_fake
 def _(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
       deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad, cache,
-      softcap, row_temperature=None, kept_ids=None, outside_neg_inf=False):
+      softcap, row_temperature=None, kept_ids=None, outside_neg_inf=False, top_k=None,
+      top_p=None):
     logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
     ent = logp.new_empty(logits.shape[:-1] if entropy else (0,))
     return logp, ent, _saved_like(logits)
@@ -176,7 +178,7 @@ def _logprobs_backward(ctx, grad_logp, grad_entropy, grad_saved):
     grad = None
     if grad_logp is not None or grad_entropy is not None:
         grad = vocab_parallel_logprobs_backward(logits, saved, grad_logp, grad_entropy)
-    return (grad,) + (None,) * 18
+    return (grad,) + (None,) * 20
 
 
 vocab_parallel_logprobs.register_autograd(_logprobs_backward, setup_context=_logprobs_setup)

@@ -37,7 +37,8 @@ from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._fused_tokens import fused_vocab_parallel_logprobs  # its drop-in for this API
 from detlogp._group import resolve_group
-from detlogp._kept import kept_argument, outside_neg_inf, token_kept
+from detlogp._kept import (kept_argument, kept_output, outside_neg_inf, row_selection,
+                           selection_argument, token_kept)
 from detlogp._layout import (cover_view, from_rows, in_token_order, logits_cover, row_grad,
                              to_rows)
 from detlogp._op import LogprobOp, get_logprob_op
@@ -66,7 +67,8 @@ class _Prepared:
     __slots__ = ("call", "view", "targets", "contract", "dispatch", "cover", "comm", "threads",
                  "deterministic", "cache", "dtype", "device", "logits", "tokens", "key",
                  "make_sharding", "platform", "entropy", "entropy_grad", "fwd",
-                 "constant_outputs", "token_temperature", "token_kept", "outside_neg_inf")
+                 "constant_outputs", "token_temperature", "token_kept", "outside_neg_inf",
+                 "token_top_k", "token_top_p")
 
     @property
     def empty(self):
@@ -114,7 +116,8 @@ class _Prepared:
 
 def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
              temperature, deterministic, vocab_start, threads, tile_width, entropy,
-             entropy_grad, softcap=None, kept_ids=None, outside_neg_inf=False):
+             entropy_grad, softcap=None, kept_ids=None, outside_neg_inf=False, top_k=None,
+             top_p=None):
     if not isinstance(logits, torch.Tensor):
         raise LogprobContractError(f"logits must be a torch.Tensor; got {type(logits).__name__}")
     platform = platform_of(logits, "logits")
@@ -146,6 +149,7 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     kept_argument(kept_ids, lead_shape)
     p.token_kept = None if kept_ids is None else torch.from_numpy(token_kept(kept_ids))
     p.outside_neg_inf = outside_neg_inf
+    p.token_top_k, p.token_top_p = selection_argument(top_k, top_p, lead_shape)
     p.logits, p.tokens = logits, (flat_targets, active, ign)
     p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,
              softcap)
@@ -200,6 +204,10 @@ def _bind(p, cover):
             raise LogprobContractError(
                 f"backend {p.dispatch.actual_backend} (defined in Python) takes no kept_ids; "
                 "call without kept_ids, or dispatch a backend defined in C++")
+        if p.token_top_k is not None or p.token_top_p is not None:
+            raise LogprobContractError(
+                f"backend {p.dispatch.actual_backend} (defined in Python) takes no top_k / "
+                "top_p; call without them, or dispatch a backend defined in C++")
         p.call = None
         return
     # Rows that are no token (holes in the cover) get 1: any valid value (their outputs are
@@ -208,6 +216,7 @@ def _bind(p, cover):
         to_rows(p.token_temperature, cover, 1.0).numpy()
     # Rows that are no token get an empty set (-1 only): they are inactive.
     kept_rows = None if p.token_kept is None else to_rows(p.token_kept, cover, -1).numpy()
+    top_k_rows, top_p_rows = row_selection(p.token_top_k, p.token_top_p, cover, to_rows)
     # The rows layout matters to the preflight only (TP > 1); a Python-defined backend never
     # gets one (its rows are read in token order: _prepare).
     # entropy_grad=False: the operator keeps no entropy for backward (a constant).
@@ -217,7 +226,8 @@ def _bind(p, cover):
         deterministic=deterministic, validate=True, entropy=p.entropy,
         entropy_grad=p.entropy_grad or not p.entropy, threads=p.threads,
         rows_layout=cover.layout if tp > 1 else "", row_temperature=row_temperature,
-        kept_ids=kept_rows, outside_neg_inf=p.outside_neg_inf)
+        kept_ids=kept_rows, outside_neg_inf=p.outside_neg_inf, top_k=top_k_rows,
+        top_p=top_p_rows)
 
 
 def _outputs(fwd, cover, entropy):
@@ -264,7 +274,8 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                             ignore_index=-100, temperature=1.0, entropy=False,
                             deterministic=True, vocab_start=None, threads=None,
                             tile_width=None, entropy_grad=True, return_contract=False,
-                            cache=None, softcap=None, kept_ids=None, outside_kept="error"):
+                            cache=None, softcap=None, kept_ids=None, outside_kept="error",
+                            top_k=None, top_p=None, return_kept=False):
     """Selected-token log-probabilities over a vocab-sharded (TP) vocabulary, bit-for-bit the
     same at every TP degree, with autograd.
 
@@ -295,6 +306,14 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     z[target] - logsumexp_S(z)``, docs/numerics.md "Kept sets") and the gradient flows only into
     kept columns. ``outside_kept``: "error" (a target outside its set raises) or "neg_inf"
     (its logp is -inf, with no gradient).
+    ``top_k`` / ``top_p`` (None: off): recomputed kept sets, the sampler's parameters as an int
+    (``top_k``: 0 off, else 1 .. 1024) / a number (``top_p``: in (0, 1], 1 off), or tensors of
+    the targets' shape (one per token): each token's kept set is recomputed from its scored
+    logits (docs/numerics.md "Recomputed kept sets (top-k, top-p)"), the same set at every TP
+    degree, then scored as with ``kept_ids``. Not together with ``kept_ids``; every token must be
+    restricted (``top_k > 0`` or ``top_p < 1``), or none (the full-vocabulary call).
+    ``return_kept=True`` appends the call's kept sets: int64 ``[..., width]`` (each token's ids
+    ascending, -1 padded; width 0 without kept sets). Eager only (not under torch.compile).
 
     Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
     and the ``LogprobContract`` of the call as a last element with ``return_contract=True``.
@@ -303,6 +322,10 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     ``vocab_start`` table come from the mesh, the outputs are DTensors (``_dtensor.py``).
     """
     if _dtensor.any_dtensor(logits, targets, loss_mask):
+        if top_k is not None or top_p is not None or return_kept:
+            raise LogprobContractError(
+                "top_k, top_p and return_kept are not available with DTensor logits; pass the "
+                "local shards and the group")
         return _dtensor.vocab_parallel_logprobs(
             vocab_parallel_logprobs, logits, targets, group=group, vocab_start=vocab_start,
             loss_mask=loss_mask, real_vocab=real_vocab, ignore_index=ignore_index,
@@ -316,12 +339,14 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                      deterministic=deterministic, vocab_start=vocab_start, threads=threads,
                      tile_width=tile_width, entropy_grad=entropy_grad,
                      return_contract=return_contract, cache=cache, softcap=softcap,
-                     kept_ids=kept_ids, outside_kept=outside_kept)
+                     kept_ids=kept_ids, outside_kept=outside_kept, top_k=top_k, top_p=top_p,
+                     return_kept=return_kept)
 
 
 def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, temperature,
               entropy, deterministic, vocab_start, threads, tile_width, entropy_grad,
-              return_contract, cache, softcap, kept_ids, outside_kept):
+              return_contract, cache, softcap, kept_ids, outside_kept, top_k=None, top_p=None,
+              return_kept=False):
     """``vocab_parallel_logprobs`` over a resolved ``group``: its arguments checked and put
     in the op's schema types, then the op ``detlogp::vocab_parallel_logprobs`` (_ops.py), whose
     implementation is ``_op_call``. This is what ``torch.compile`` traces."""
@@ -329,6 +354,7 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
         check_bool(entropy, "entropy")
         check_bool(entropy_grad, "entropy_grad")
         check_bool(return_contract, "return_contract")
+        check_bool(return_kept, "return_kept")
         if not isinstance(logits, torch.Tensor):
             raise LogprobContractError(
                 f"logits must be a torch.Tensor; got {type(logits).__name__}")
@@ -350,8 +376,13 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
             check_optional_int(threads, "threads", "non-negative"),
             check_optional_int(tile_width, "tile_width"), entropy_grad,
             "" if cache is None else cache.op_name, _softcap(softcap), token_temperatures,
-            kept_argument(kept_ids, tuple(logits.shape[:-1])), outside_neg_inf(outside_kept))
+            kept_argument(kept_ids, tuple(logits.shape[:-1])), outside_neg_inf(outside_kept),
+            *selection_argument(top_k, top_p, tuple(logits.shape[:-1])))
     if torch.compiler.is_compiling():
+        if return_kept:
+            raise LogprobContractError(
+                "return_kept=True is not available under torch.compile: call "
+                "vocab_parallel_logprobs outside the compiled region for the kept sets")
         if return_contract:
             raise LogprobContractError(
                 "return_contract=True is not available under torch.compile: call "
@@ -360,18 +391,30 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
         contract = None
     else:
         try:
-            logp, ent, _ = _ops.vocab_parallel_logprobs(logits, targets, loss_mask, *args)
+            logp, ent, saved = _ops.vocab_parallel_logprobs(logits, targets, loss_mask, *args)
+            if return_kept:
+                kept = _kept_of(_ops.call_of(saved), logits.device)
         except _PythonDefined as defined:  # a backend defined in Python: its own autograd
             outputs = _python_backend_outputs(defined.prep, logits, group, entropy,
                                               entropy_grad)
             logp, ent = outputs[0], outputs[-1]
+            if return_kept:  # such a backend takes no kept sets
+                kept = kept_output(None, defined.prep.cover, logits.device)
         contract = _LAST.contract
     if entropy and not entropy_grad:
         ent = ent.detach()  # a logged metric, without a gradient
     outputs = (logp, ent) if entropy else (logp,)
+    if return_kept:
+        outputs = outputs + (kept,)
     if return_contract:
         outputs = outputs + (contract,)
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _kept_of(call, device):
+    """The kept sets of an eager call (return_kept=True), per token."""
+    ids = None if call.fwd is None else call.fwd.kept_ids
+    return kept_output(ids, call.cover, device)
 
 
 class _PythonDefined(LogprobContractError):
@@ -395,7 +438,8 @@ _LAST = _Last()  # the contract of this thread's last call (return_contract=True
 
 def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
              deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad,
-             cache, softcap, row_temperature, kept_ids=None, outside_neg_inf=False):
+             cache, softcap, row_temperature, kept_ids=None, outside_neg_inf=False, top_k=None,
+             top_p=None):
     """The implementation of the op ``detlogp::vocab_parallel_logprobs`` up to its forward: the
     ``_Prepared`` call (checked, converted, bound to its contract and dispatch)."""
     cache = DEFAULT_CACHE if not cache else _ops.named(cache)
@@ -410,7 +454,8 @@ def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temper
                         temperature=temperature, deterministic=deterministic,
                         vocab_start=vocab_start, threads=threads, tile_width=tile_width,
                         entropy=entropy, entropy_grad=entropy_grad, softcap=softcap,
-                        kept_ids=kept_ids, outside_neg_inf=outside_neg_inf)
+                        kept_ids=kept_ids, outside_neg_inf=outside_neg_inf, top_k=top_k,
+                        top_p=top_p)
     _LAST.contract = prep.contract
     if not prep.empty and prep.call is None:
         raise _PythonDefined(prep)

@@ -32,6 +32,7 @@ namespace py = pybind11;
 namespace {
 
 using detlogp_python::F32Array;
+using detlogp_python::I32Array;
 using detlogp_python::I64Array;
 using detlogp_python::kept_options;
 using detlogp_python::mutable_view_of;
@@ -64,7 +65,8 @@ std::shared_ptr<FusedHandle> fused_forward(
     const I64Array& targets, const detlogp::LogprobContract& contract,
     const std::shared_ptr<detlogp::Communicator>& comm, bool entropy, bool validate, int threads,
     const std::optional<F32Array>& row_temperature, const std::optional<I64Array>& kept_ids,
-    bool outside_neg_inf) {
+    bool outside_neg_inf, const std::optional<I32Array>& top_k,
+    const std::optional<F32Array>& top_p) {
   if (row_temperature && row_temperature->ndim() != 1) {
     throw detlogp::ContractError("row_temperature must be 1-D [tokens]");
   }
@@ -76,7 +78,7 @@ std::shared_ptr<FusedHandle> fused_forward(
   const detlogp::LogitsView hv = view_of(hidden, "hidden dtype");
   const detlogp::LogitsView wv = view_of(weight, "weight dtype");
   const std::span<const int64_t> tg = span_of(targets);
-  const detlogp::KeptSetOptions kept = kept_options(kept_ids, outside_neg_inf);
+  const detlogp::KeptSetOptions kept = kept_options(kept_ids, outside_neg_inf, top_k, top_p);
   py::gil_scoped_release nogil;
   with_comm(comm, [&](detlogp::Communicator& c) {
     h->result = h->op->forward(hv, wv, tg, contract, c,
@@ -143,7 +145,8 @@ void bind_fused(py::module_& m) {
         py::arg("weight"), py::arg("owners"), py::arg("targets"), py::arg("contract"),
         py::arg("comm"), py::arg("entropy"), py::arg("validate"), py::arg("threads"),
         py::arg("row_temperature") = py::none(), py::arg("kept_ids") = py::none(),
-        py::arg("outside_neg_inf") = false);
+        py::arg("outside_neg_inf") = false, py::arg("top_k") = py::none(),
+        py::arg("top_p") = py::none());
   m.def("linear_logits", &linear_logits, py::kw_only(), py::arg("hidden"), py::arg("weight"),
         py::arg("out"), py::arg("threads"), py::arg("kernel"));
   m.def("fused_kernel_names", &detlogp::fused_kernel_names);

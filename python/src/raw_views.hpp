@@ -24,6 +24,7 @@ namespace detlogp_python {
 using RawView = std::tuple<uintptr_t, std::string, int64_t, int64_t, int64_t>;
 using F32Array = pybind11::array_t<float, pybind11::array::c_style | pybind11::array::forcecast>;
 using I64Array = pybind11::array_t<int64_t, pybind11::array::c_style | pybind11::array::forcecast>;
+using I32Array = pybind11::array_t<int32_t, pybind11::array::c_style | pybind11::array::forcecast>;
 
 // `dtype_field` names the buffer in a bad dtype's message ("hidden dtype").
 inline detlogp::LogitsView view_of(const RawView& v, const char* dtype_field) {
@@ -57,17 +58,37 @@ inline std::span<const float> span_of(const std::optional<F32Array>& a) {
   return {a->data(), static_cast<std::size_t>(a->size())};
 }
 
-// The kept sets of a call (detlogp/kept_set.hpp): none, or [rows, width] ids, -1 padded.
+// The kept sets of a call (detlogp/kept_set.hpp): none, or [rows, width] ids, -1 padded, or
+// the per-row top_k / top_p of recomputed kept sets ([rows] each; the arrays must outlive the
+// call, as the caller's do).
 inline detlogp::KeptSetOptions kept_options(const std::optional<I64Array>& ids,
-                                            bool outside_neg_inf) {
-  if (!ids) return {};
+                                            bool outside_neg_inf,
+                                            const std::optional<I32Array>& top_k = std::nullopt,
+                                            const std::optional<F32Array>& top_p = std::nullopt) {
+  detlogp::KeptSetOptions kept{.outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf
+                                                          : detlogp::OutsideKept::error};
+  if (top_k) kept.top_k = {top_k->data(), static_cast<std::size_t>(top_k->size())};
+  if (top_p) kept.top_p = {top_p->data(), static_cast<std::size_t>(top_p->size())};
+  if (!ids) return kept;
   if (ids->ndim() != 2) {
     throw detlogp::ContractError(detlogp::ErrorCode::wrong_shape, "kept_ids",
                                  "kept_ids must be 2-D [rows, width] (-1 padded)");
   }
-  return {.ids = span_of(*ids),
-          .width = static_cast<int64_t>(ids->shape(1)),
-          .outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf : detlogp::OutsideKept::error};
+  kept.ids = span_of(*ids);
+  kept.width = static_cast<int64_t>(ids->shape(1));
+  return kept;
+}
+
+// A result's kept sets as a fresh int64 NumPy array [rows, width], or None without kept sets.
+template <class Result>
+pybind11::object kept_ids_of(const Result& r) {
+  if (r.kept_width == 0) return pybind11::none();
+  const auto rows = static_cast<pybind11::ssize_t>(r.kept_ids.size()) / r.kept_width;
+  pybind11::array_t<int64_t> out({rows, static_cast<pybind11::ssize_t>(r.kept_width)});
+  if (!r.kept_ids.empty()) {
+    std::memcpy(out.mutable_data(), r.kept_ids.data(), r.kept_ids.size() * sizeof(int64_t));
+  }
+  return out;
 }
 
 // An fp32 per-token output as a fresh NumPy array (outputs are [tokens], never [tokens, V]).
@@ -83,10 +104,12 @@ template <class Handle, class Class>
 void def_token_outputs(Class& cls) {
   cls.def_property_readonly("logp", [](const Handle& h) { return to_numpy(h.result.logp); })
       .def_property_readonly("lse", [](const Handle& h) { return to_numpy(h.result.lse); })
-      .def_property_readonly("entropy", [](const Handle& h) -> pybind11::object {
-        if (!h.entropy) return pybind11::none();
-        return to_numpy(h.result.entropy);
-      });
+      .def_property_readonly("entropy",
+                             [](const Handle& h) -> pybind11::object {
+                               if (!h.entropy) return pybind11::none();
+                               return to_numpy(h.result.entropy);
+                             })
+      .def_property_readonly("kept_ids", [](const Handle& h) { return kept_ids_of(h.result); });
 }
 
 }  // namespace detlogp_python

@@ -1,0 +1,146 @@
+"""Recomputed kept sets from Python: top_k= / top_p= (a number or a tensor of the targets'
+shape) and return_kept= on vocab_parallel_logprobs. The call equals the call given the returned
+sets as kept_ids (bitwise: logp, entropy, gradient), the sets are the float64 oracle's rule on
+the scored logits, a scalar is every token's, an unrestricted call is the plain one; TP=2 over
+gloo gives the TP=1 bits and sets (rank 0 reading Megatron's transposed view), and a top_k that
+differs on one rank fails every rank; bad arguments raise naming the field."""
+
+import math
+
+import pytest
+import torch
+
+from detlogp import LogprobContractError
+from detlogp.torch import vocab_parallel_logprobs
+from helpers import assert_bitwise
+from kept_recompute_worker import parameters
+from spawn import run_workers
+
+REAL, PADDED = 1000, 1024
+TIMEOUT_S = 300
+
+
+def _inputs(stream=3):
+    gen = torch.Generator().manual_seed(stream)
+    full = torch.randn(3, 5, PADDED, generator=gen) * 4
+    targets = torch.randint(0, REAL, (3, 5), generator=gen)
+    top_k, top_p = parameters(gen)
+    return full, targets, top_k, top_p
+
+
+def run(logits, targets, **kw):
+    x = logits.detach().clone().requires_grad_(True)
+    logp, ent, kept = vocab_parallel_logprobs(x, targets, real_vocab=REAL, entropy=True,
+                                              outside_kept="neg_inf", return_kept=True, **kw)
+    g = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
+    (g.sum() + 0.5 * ent.sum()).backward()
+    return logp.detach(), ent.detach(), kept, x.grad
+
+
+def oracle(z, k, p):
+    """The rule in float64 on one row's real scored values (docs/numerics.md)."""
+    order = sorted(range(len(z)), key=lambda i: (-z[i], i))
+    n = k if k > 0 else len(z)
+    top = order[:n]
+    if p < 1.0:
+        m = max(z[i] for i in top)
+        lse = m + math.log(sum(math.exp(z[i] - m) for i in top))
+        d, kept = 0.0, 0
+        for i in top:
+            if not d < p:
+                break
+            kept += 1
+            d += math.exp(z[i] - lse)
+        top = top[:kept]
+    return sorted(top)
+
+
+def test_equals_the_call_given_the_returned_sets_and_the_rule():
+    full, targets, top_k, top_p = _inputs()
+    logp, ent, kept, grad = run(full, targets, top_k=top_k, top_p=top_p)
+    assert kept.dtype == torch.int64 and kept.shape[:-1] == targets.shape
+    g_logp, g_ent, g_kept, g_grad = run(full, targets, kept_ids=kept)
+    assert_bitwise(logp, g_logp, "logp")
+    assert_bitwise(ent, g_ent, "entropy")
+    assert_bitwise(grad, g_grad, "grad")
+    assert torch.equal(kept, g_kept)
+    for b in range(3):
+        for s in range(5):
+            ids = [int(v) for v in kept[b, s] if v >= 0]
+            z = [float(v) for v in full[b, s, :REAL]]
+            assert ids == oracle(z, int(top_k[b, s]), float(top_p[b, s])), (b, s)
+
+
+def test_a_scalar_is_every_tokens_and_the_causal_shift_reads_in_place():
+    full, targets, _, _ = _inputs(5)
+    logits, tg = full[:, :-1], targets[:, 1:]  # rows with holes
+    logp, _, kept, _ = run(logits, tg, top_k=20, top_p=0.8)
+    want, _, want_kept, _ = run(logits, tg, top_k=torch.full(tg.shape, 20, dtype=torch.int32),
+                                top_p=torch.full(tg.shape, 0.8))
+    assert_bitwise(logp, want, "logp")
+    assert torch.equal(kept, want_kept)
+    assert kept.shape == tg.shape + (kept.shape[-1],) and kept.shape[-1] <= 20
+
+
+def test_unrestricted_is_the_plain_call():
+    full, targets, _, _ = _inputs(6)
+    logp, ent, kept, grad = run(full, targets, top_k=0, top_p=1.0)
+    p_logp, p_ent, p_kept, p_grad = run(full, targets)
+    assert_bitwise(logp, p_logp, "logp")
+    assert_bitwise(grad, p_grad, "grad")
+    assert kept.shape == targets.shape + (0,) and p_kept.shape == kept.shape
+
+
+@pytest.mark.parametrize("kw, field, text", [
+    ({"top_k": 2000}, "top_k", "top_k of row"),
+    ({"top_p": 0.0}, "top_p", "top_p of row"),
+    ({"top_k": torch.tensor([[5, 0, 5, 5, 5]] * 3, dtype=torch.int32)}, "top_k",
+     "every row needs top_k or top_p < 1"),
+    ({"top_k": 5, "kept_ids": torch.zeros(3, 5, 1, dtype=torch.int64)}, "kept_ids",
+     "pass either kept_ids or top_k/top_p"),
+])
+def test_bad_parameters_name_the_field(kw, field, text):
+    full, targets, _, _ = _inputs()
+    with pytest.raises(LogprobContractError, match=text) as err:
+        vocab_parallel_logprobs(full, targets, real_vocab=REAL, **kw)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("kw", [{"top_k": 1.5}, {"top_p": "x"}, {"top_k": True},
+                                {"top_k": torch.ones(2, dtype=torch.int32)},
+                                {"return_kept": 1}])
+def test_bad_argument_types_raise(kw):
+    full, targets, _, _ = _inputs()
+    with pytest.raises(LogprobContractError):
+        vocab_parallel_logprobs(full, targets, real_vocab=REAL, **kw)
+
+
+def test_a_target_outside_its_set_raises_by_default():
+    full, targets, _, _ = _inputs()
+    with pytest.raises(LogprobContractError, match="selected by its top_k/top_p"):
+        vocab_parallel_logprobs(full, targets, real_vocab=REAL, top_k=1)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    import kept_recompute_worker
+
+    return run_workers(kept_recompute_worker.main, tmp_path_factory.mktemp("recompute"), 2,
+                       TIMEOUT_S)[0]
+
+
+def test_tp2_over_gloo_gives_the_tp1_bits_and_disagreement_fails_together(ranks):
+    for rank, res in enumerate(ranks):
+        ref = res["reference"]
+        assert "error" not in ref, ref.get("error")
+        assert torch.isinf(ref["logp"][0, 1]) or ref["kept"][0, 1].eq(REAL - 1).any()
+        for case in ("tp", "given", "after"):
+            got = res[case]
+            assert "error" not in got, (rank, case, got.get("error"))
+            assert_bitwise(got["logp"], ref["logp"], f"{case} logp rank {rank}")
+            assert_bitwise(got["entropy"], ref["entropy"], f"{case} entropy rank {rank}")
+            assert_bitwise(got["grad"], ref["grad"], f"{case} grad rank {rank}")
+            assert torch.equal(got["kept"], ref["kept"]), (rank, case)
+        got = res["different top_k"]
+        assert "error" in got, rank
+        assert got["field"] in ("top_k", None), got
