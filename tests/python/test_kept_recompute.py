@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from detlogp import LogprobContractError
+from detlogp import LogprobContractError, _ops
 from detlogp.torch import vocab_parallel_logprobs
 from helpers import assert_bitwise
 from kept_recompute_worker import parameters
@@ -119,6 +119,38 @@ def test_a_target_outside_its_set_raises_by_default():
     full, targets, _, _ = _inputs()
     with pytest.raises(LogprobContractError, match="selected by its top_k/top_p"):
         vocab_parallel_logprobs(full, targets, real_vocab=REAL, top_k=1)
+
+
+def test_opcheck_with_top_k_top_p():
+    full, targets, top_k, top_p = _inputs()
+    args = (full.requires_grad_(), targets, None, "", REAL, -100, 1.0, True, True, None, None,
+            None, None, True, "", None, None, None, True, top_k, top_p)
+    torch.library.opcheck(_ops.vocab_parallel_logprobs, args)
+
+
+def test_compiled_equals_eager_and_return_kept_raises_under_compile():
+    full, targets, top_k, top_p = _inputs()
+
+    def loss(x, t, k, p):
+        logp, ent = vocab_parallel_logprobs(x, t, real_vocab=REAL, entropy=True, top_k=k,
+                                            top_p=p, outside_kept="neg_inf")
+        logp = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
+        return (logp.sum() + 0.5 * ent.sum()), logp
+
+    x1 = full.clone().requires_grad_()
+    l1, p1 = loss(x1, targets, top_k, top_p)
+    l1.backward()
+    x2 = full.clone().requires_grad_()
+    l2, p2 = torch.compile(loss, backend="aot_eager", fullgraph=True)(x2, targets, top_k, top_p)
+    l2.backward()
+    assert_bitwise(p1.detach(), p2.detach())
+    assert_bitwise(x1.grad, x2.grad)
+
+    def with_kept(x, t):
+        return vocab_parallel_logprobs(x, t, real_vocab=REAL, top_k=5, return_kept=True)
+
+    with pytest.raises(Exception, match="return_kept=True is not available under torch.compile"):
+        torch.compile(with_kept, backend="aot_eager", fullgraph=True)(full.clone(), targets)
 
 
 @pytest.fixture(scope="module")
