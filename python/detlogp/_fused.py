@@ -25,7 +25,8 @@ from ._comm import communicator_for, exclusive, peers_fail_on_error
 from ._contract import LogprobContract, MaskSpec, ShardingSpec, _softcap, _temperature
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
-from ._kept import kept_argument, outside_neg_inf, token_kept
+from ._kept import (kept_argument, outside_neg_inf, selection_argument, token_kept,
+                    token_selection)
 from ._names import lent, named
 from ._storage import check_stamp, stamp
 
@@ -130,8 +131,10 @@ class _FusedCall:
     constant_outputs = ()
 
     def __init__(self, op, hv, wv, targets, contract, comm, entropy, validate, threads,
-                 row_temperature=None, kept_ids=None, outside_neg_inf=False):
+                 row_temperature=None, kept_ids=None, outside_neg_inf=False, top_k=None,
+                 top_p=None):
         self.op, self.hv, self.wv, self.targets = op, hv, wv, targets
+        self.top_k, self.top_p = top_k, top_p  # int32 / float32 NumPy [tokens] or None
         self.kept_ids = kept_ids  # int64 [tokens, K] (-1 padded) or None: the full vocabulary
         self.outside_neg_inf = outside_neg_inf
         self.row_temperature = row_temperature  # float32 [tokens] or None: the contract's
@@ -146,7 +149,7 @@ class _FusedCall:
             targets=self.targets, contract=self.contract._cpp, comm=self.comm,
             entropy=self.entropy, validate=self.validate, threads=self.threads,
             row_temperature=self.row_temperature, kept_ids=self.kept_ids,
-            outside_neg_inf=self.outside_neg_inf))
+            outside_neg_inf=self.outside_neg_inf, top_k=self.top_k, top_p=self.top_p))
 
     def forward(self, inputs):
         hidden, weight = inputs
@@ -192,7 +195,7 @@ class _NoTokensCall:
 def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=None, contract=None,
                           entropy=False, temperature=1.0, tile_width=None, ignore_index=-100,
                           validate=True, threads=0, kernel="", softcap=None, kept_ids=None,
-                          outside_kept="error"):
+                          outside_kept="error", top_k=None, top_p=None, return_kept=False):
     """``(logp, lse)`` or ``(logp, lse, entropy)`` (fp32 [tokens], replicated on every TP rank)
     of ``softmax(hidden @ weight.T / temperature)`` over the real vocabulary.
 
@@ -213,7 +216,9 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     order, -1 padded, K <= 1024): logp, LSE and entropy are over each token's kept set
     (docs/numerics.md "Kept sets"), ``weight.grad`` is nonzero only on kept rows.
     ``outside_kept``: "error" (a target outside its set raises) or "neg_inf" (logp -inf, no
-    logp gradient).
+    logp gradient). ``top_k`` / ``top_p`` (None: off; a number or one per token): recomputed
+    kept sets, as in ``detlogp.torch.vocab_parallel_logprobs`` (docs/python.md);
+    ``return_kept=True`` appends the kept sets, int64 [tokens, width] (-1 padded; eager only).
 
     Torch tensors that require grad get autograd: ``hidden.grad`` (the full gradient, already
     summed over the TP group) and ``weight.grad`` (this shard's), in their own dtypes.
@@ -224,6 +229,10 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     group and every rank's rows (``_dtensor.py``); a DTensor ``hidden`` gives DTensor outputs.
     """
     if _dtensor.any_dtensor(hidden, weight, targets):
+        if top_k is not None or top_p is not None or return_kept:
+            raise LogprobContractError(
+                "top_k, top_p and return_kept are not available with DTensor inputs; pass the "
+                "local tensors and the group")
         return _dtensor.fused_linear_logprobs(
             _fused_call, hidden, weight, targets, group=group, contract=contract,
             real_vocab=real_vocab, entropy=entropy, temperature=temperature,
@@ -234,12 +243,14 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
                        contract=contract, entropy=entropy, temperature=temperature,
                        tile_width=tile_width, ignore_index=ignore_index, validate=validate,
                        threads=threads, kernel=kernel, softcap=softcap, kept_ids=kept_ids,
-                       outside_kept=outside_kept)
+                       outside_kept=outside_kept, top_k=top_k, top_p=top_p,
+                       return_kept=return_kept)
 
 
 def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperature,
                 tile_width, ignore_index, validate, threads, kernel, contract=None, bounds=None,
-                softcap=None, kept_ids=None, outside_kept="error"):
+                softcap=None, kept_ids=None, outside_kept="error", top_k=None, top_p=None,
+                return_kept=False):
     """``fused_linear_logprobs`` on plain tensors; ``bounds``: every rank's weight rows
     (default: even shards)."""
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
@@ -250,6 +261,11 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
         with peers_fail_on_error(group):
             check_bool(entropy, "entropy")
             check_bool(validate, "validate")
+            check_bool(return_kept, "return_kept")
+            if return_kept and torch.compiler.is_compiling():
+                raise LogprobContractError(
+                    "return_kept=True is not available under torch.compile: call "
+                    "fused_linear_logprobs outside the compiled region for the kept sets")
             if contract is not None and not isinstance(contract, LogprobContract):
                 raise LogprobContractError("contract must be a LogprobContract")
             if contract is not None and torch.compiler.is_compiling():
@@ -273,31 +289,52 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
             rest += (None if bounds is None else
                      [check_int(v, "bounds") for b in bounds for v in b], _softcap(softcap),
                      row_temperature, None, None, False,  # loss_mask, vocab_start, leading_dims
-                     _kept_tensor(kept_ids, hidden), outside_neg_inf(outside_kept))
+                     _kept_tensor(kept_ids, hidden), outside_neg_inf(outside_kept),
+                     *selection_argument(top_k, top_p, tuple(hidden.shape[:1])))
         if contract is None:
-            logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets, group_name,
-                                                           real_vocab, "", *rest)
+            logp, lse, ent, saved = _ops.fused_linear_logprobs(hidden, weight, targets,
+                                                               group_name, real_vocab, "", *rest)
         else:
             with lent(contract, "contract") as name:
-                logp, lse, ent, _ = _ops.fused_linear_logprobs(hidden, weight, targets,
-                                                               group_name, real_vocab, name,
-                                                               *rest)
-        return (logp, lse, ent) if entropy else (logp, lse)
+                logp, lse, ent, saved = _ops.fused_linear_logprobs(hidden, weight, targets,
+                                                                   group_name, real_vocab, name,
+                                                                   *rest)
+        outputs = (logp, lse, ent) if entropy else (logp, lse)
+        if return_kept:
+            outputs += (_kept_output(_ops.call_of(saved), hidden.shape[0], torch.from_numpy),)
+        return outputs
     call = _prepare(hidden, weight, targets, group, real_vocab=real_vocab, contract=contract,
                     entropy=entropy, temperature=temperature, tile_width=tile_width,
                     ignore_index=ignore_index, validate=validate, threads=threads,
                     kernel=kernel, bounds=bounds, softcap=softcap, kept_ids=kept_ids,
-                    outside_neg_inf=outside_neg_inf(outside_kept))
+                    outside_neg_inf=outside_neg_inf(outside_kept), top_k=top_k, top_p=top_p)
+    check_bool(return_kept, "return_kept")
+    convert = torch.from_numpy if is_tensor(hidden) else (lambda a: a)
     if isinstance(call, _NoTokensCall):
         if not is_tensor(hidden):
-            return tuple(np.zeros(0, dtype=np.float32) for _ in range(call.n))
-        return call.forward(())
+            outputs = tuple(np.zeros(0, dtype=np.float32) for _ in range(call.n))
+        else:
+            outputs = call.forward(())
+        if return_kept:
+            outputs = tuple(outputs) + (convert(np.full((0, 0), -1, dtype=np.int64)),)
+        return outputs
     if is_tensor(hidden):
         hidden = hidden.detach()
     if is_tensor(weight):
         weight = weight.detach()
-    return _outputs(call.run(hidden, weight), torch.from_numpy if is_tensor(hidden) else
-                    (lambda a: a))
+    call.handle = call.run(hidden, weight)
+    outputs = _outputs(call.handle, convert)
+    if return_kept:
+        outputs = tuple(outputs) + (_kept_output(call, len(call.targets), convert),)
+    return outputs
+
+
+def _kept_output(call, tokens, convert):
+    """The kept sets of an eager call (return_kept=True): int64 [tokens, width], -1 padded
+    (width 0 without kept sets)."""
+    handle = getattr(call, "handle", None)
+    ids = None if handle is None else handle.kept_ids
+    return convert(np.full((tokens, 0), -1, dtype=np.int64) if ids is None else ids)
 
 
 def _kept_tensor(kept_ids, hidden):
@@ -316,7 +353,7 @@ def _kernel(kernel):
 
 def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, bounds=None, softcap=None,
-             active=None, kept_ids=None, outside_neg_inf=False):
+             active=None, kept_ids=None, outside_neg_inf=False, top_k=None, top_p=None):
     """The call of ``fused_linear_logprobs`` over a resolved ``group``: a ``_FusedCall``, or a
     ``_NoTokensCall`` once every rank agreed that none has tokens. ``bounds``: every rank's
     weight rows (None: even shards); ``active``: which rows are scored (None: those whose
@@ -335,6 +372,9 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
             row_temperature, temperature = _token_temperature(temperature, len(tg)), 1.0
         kept_argument(kept_ids, (hv[2],))
         kept = None if kept_ids is None else token_kept(kept_ids)
+        top_k, top_p = token_selection(*selection_argument(top_k, top_p, (hv[2],)), hv[2])
+        top_k = None if top_k is None else np.ascontiguousarray(top_k.numpy())
+        top_p = None if top_p is None else np.ascontiguousarray(top_p.numpy())
         no_tokens = hv[2] == 0 and len(tg) == 0 and contract is None
         if contract is None:
             comm = None if group is None else communicator_for(group, 2)
@@ -356,13 +396,13 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
         join_without_tokens(comm)
         return _NoTokensCall(hidden, weight, 3 if entropy else 2)
     return _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads,
-                      row_temperature, kept, outside_neg_inf)
+                      row_temperature, kept, outside_neg_inf, top_k, top_p)
 
 
 def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, vocab_bounds, softcap,
              row_temperature, loss_mask=None, vocab_start=None, leading_dims=False,
-             kept_ids=None, outside_neg_inf=False):
+             kept_ids=None, outside_neg_inf=False, top_k=None, top_p=None):
     """The implementation of the op ``detlogp::fused_linear_logprobs`` up to its forward.
     ``leading_dims``: the call of ``fused_vocab_parallel_logprobs`` (hidden [..., H], targets,
     ``loss_mask`` and ``vocab_start`` as ``detlogp.torch`` reads them: _fused_tokens.py)."""
@@ -372,7 +412,7 @@ def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temp
     if row_temperature is not None:  # one per token (the op's scalar is then 1)
         temperature = row_temperature
     if leading_dims:
-        if kept_ids is not None:
+        if kept_ids is not None or top_k is not None or top_p is not None:
             raise LogprobContractError(
                 "kept_ids: fused_vocab_parallel_logprobs takes no kept sets; call "
                 "fused_linear_logprobs (hidden [tokens, H]) or vocab_parallel_logprobs")
@@ -387,4 +427,5 @@ def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temp
                     contract=named(contract) if contract else None, entropy=entropy,
                     temperature=temperature, tile_width=tile_width, ignore_index=ignore_index,
                     validate=validate, threads=threads, kernel=kernel, bounds=bounds,
-                    softcap=softcap, kept_ids=kept_ids, outside_neg_inf=outside_neg_inf)
+                    softcap=softcap, kept_ids=kept_ids, outside_neg_inf=outside_neg_inf,
+                    top_k=top_k, top_p=top_p)

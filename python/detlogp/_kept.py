@@ -10,7 +10,7 @@ from ._buffers import is_tensor
 from ._detlogp import LogprobContractError
 
 __all__ = ["kept_argument", "outside_neg_inf", "token_kept", "selection_argument",
-           "row_selection", "kept_output"]
+           "row_selection", "token_selection", "kept_output"]
 
 _OUTSIDE = {"error": False, "neg_inf": True}
 
@@ -99,14 +99,22 @@ def row_selection(top_k, top_p, cover, to_rows):
     """Per-token ``top_k`` / ``top_p`` tensors (or None) as the operator's per-row NumPy arrays
     (both given when either is: top_k 0, top_p 1 where off); rows that are no token (holes in
     the cover) get top_k 1 (a restricted row; its outputs are never read)."""
+    k, p = token_selection(top_k, top_p, cover.tokens)
+    if k is None:
+        return None, None
+    return (np.ascontiguousarray(to_rows(k, cover, 1).numpy()),
+            np.ascontiguousarray(to_rows(p, cover, 1.0).numpy()))
+
+
+def token_selection(top_k, top_p, tokens):
+    """Per-token ``top_k`` / ``top_p`` tensors (or None) as flat int32 / float32 tensors, both
+    given when either is (top_k 0, top_p 1 where off); (None, None) when neither is."""
     torch = _torch()
     if top_k is None and top_p is None:
         return None, None
-    n = cover.tokens
-    k = torch.zeros(n, dtype=torch.int32) if top_k is None else top_k.reshape(-1)
-    p = torch.ones(n, dtype=torch.float32) if top_p is None else top_p.reshape(-1)
-    return (np.ascontiguousarray(to_rows(k, cover, 1).numpy()),
-            np.ascontiguousarray(to_rows(p, cover, 1.0).numpy()))
+    k = torch.zeros(tokens, dtype=torch.int32) if top_k is None else top_k.reshape(-1)
+    p = torch.ones(tokens, dtype=torch.float32) if top_p is None else top_p.reshape(-1)
+    return k, p
 
 
 def kept_output(ids, cover, device):

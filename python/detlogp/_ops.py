@@ -196,7 +196,8 @@ def fused_linear_logprobs(
         row_temperature: Optional[Tensor] = None, loss_mask: Optional[Tensor] = None,
         vocab_start: Optional[int] = None,
         leading_dims: bool = False, kept_ids: Optional[Tensor] = None,
-        outside_neg_inf: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        outside_neg_inf: bool = False, top_k: Optional[Tensor] = None,
+        top_p: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(logp, lse, entropy or an empty tensor, saved state) of ``fused_linear_logprobs``
     (hidden [tokens, H]) or, with ``leading_dims``, of ``fused_vocab_parallel_logprobs``
     (hidden [..., H]: outputs of its leading shape); ``vocab_bounds``: every rank's weight
@@ -206,7 +207,7 @@ def fused_linear_logprobs(
     call = _fused._op_call(hidden, weight, targets, group, real_vocab, contract, entropy,
                            temperature, tile_width, ignore_index, validate, threads, kernel,
                            vocab_bounds, softcap, row_temperature, loss_mask, vocab_start,
-                           leading_dims, kept_ids, outside_neg_inf)
+                           leading_dims, kept_ids, outside_neg_inf, top_k, top_p)
     outputs = call.forward((hidden, weight))
     ent = outputs[2] if entropy else torch.zeros(0, dtype=torch.float32)
     return outputs[0], outputs[1], ent, _save(call)
@@ -216,7 +217,7 @@ def fused_linear_logprobs(
 def _(hidden, weight, targets, group, real_vocab, contract, entropy, temperature, tile_width,
       ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature=None,
       loss_mask=None, vocab_start=None, leading_dims=False, kept_ids=None,
-      outside_neg_inf=False):
+      outside_neg_inf=False, top_k=None, top_p=None):
     logp = hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
     return (logp, torch.empty_like(logp), logp.new_empty(hidden.shape[:-1] if entropy else (0,)),
             _saved_like(hidden))
@@ -265,7 +266,7 @@ def _fused_backward(ctx, grad_logp, grad_lse, grad_entropy, grad_saved):
             grad_logp is None and grad_lse is None and grad_entropy is None):
         gh, gw = fused_linear_logprobs_backward(hidden, weight, saved, grad_logp, grad_lse,
                                                 grad_entropy, want_hidden, want_weight)
-    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 19
+    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 21
 
 
 fused_linear_logprobs.register_autograd(_fused_backward, setup_context=_fused_setup)

@@ -176,3 +176,71 @@ def test_tp2_over_gloo_gives_the_tp1_bits_and_disagreement_fails_together(ranks)
         got = res["different top_k"]
         assert "error" in got, rank
         assert got["field"] in ("top_k", None), got
+
+
+def _fused_inputs():
+    gen = torch.Generator().manual_seed(9)
+    hidden = torch.randn(12, 32, generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(PADDED, 32, generator=gen) * 0.5).to(torch.bfloat16)
+    top_k, top_p = parameters(gen)
+    return hidden, weight, top_k.reshape(-1)[:12], top_p.reshape(-1)[:12]
+
+
+def _fused(hidden, weight, targets, **kw):
+    from detlogp import fused_linear_logprobs
+
+    h = hidden.clone().requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    logp, lse, ent, kept = fused_linear_logprobs(h, w, targets, real_vocab=REAL, entropy=True,
+                                                 outside_kept="neg_inf", return_kept=True, **kw)
+    g = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
+    (g.sum() + 0.25 * lse.sum() + 0.5 * ent.sum()).backward()
+    return logp.detach(), lse.detach(), ent.detach(), kept, h.grad, w.grad
+
+
+def test_fused_equals_the_call_given_the_returned_sets_and_the_logits_ops_sets():
+    from detlogp import linear_logits
+
+    hidden, weight, top_k, top_p = _fused_inputs()
+    targets = torch.zeros(12, dtype=torch.int64)
+    got = _fused(hidden, weight, targets, top_k=top_k, top_p=top_p)
+    kept = got[3]
+    assert kept.shape[0] == 12 and kept.dtype == torch.int64
+    # The logits operator's sets on the fused op's canonical logits.
+    z = torch.as_tensor(linear_logits(hidden, weight))
+    _, z_kept = vocab_parallel_logprobs(z, targets, real_vocab=REAL, top_k=top_k, top_p=top_p,
+                                        outside_kept="neg_inf", return_kept=True)
+    assert torch.equal(kept, z_kept)
+    targets = kept[:, 0].clone()  # inside each set
+    got = _fused(hidden, weight, targets, top_k=top_k, top_p=top_p)
+    want = _fused(hidden, weight, targets, kept_ids=kept)
+    for a, b, name in zip(got, want, ("logp", "lse", "entropy", "kept", "hidden grad",
+                                       "weight grad")):
+        if name == "kept":
+            assert torch.equal(a, b)
+        else:
+            assert_bitwise(a, b, name)
+    assert torch.isfinite(got[0]).all()
+    # A scalar is every token's; unrestricted is the plain call (no kept sets).
+    one = _fused(hidden, weight, targets, top_k=7)
+    many = _fused(hidden, weight, targets, top_k=torch.full((12,), 7, dtype=torch.int32))
+    assert_bitwise(one[0], many[0], "scalar top_k")
+    off = _fused(hidden, weight, targets, top_k=0)
+    plain = _fused(hidden, weight, targets)
+    assert_bitwise(off[0], plain[0], "unrestricted")
+    assert off[3].shape == (12, 0)
+
+
+def test_fused_numpy_inputs_give_the_tensor_calls_sets():
+    from detlogp import fused_linear_logprobs
+
+    hidden, weight, _, _ = _fused_inputs()
+    h, w = hidden.float(), weight.float()
+    targets = torch.zeros(12, dtype=torch.int64)
+    t_logp, _, t_kept = fused_linear_logprobs(h, w, targets, real_vocab=REAL, top_k=9,
+                                              top_p=0.9, outside_kept="neg_inf", return_kept=True)
+    n_logp, _, n_kept = fused_linear_logprobs(h.numpy(), w.numpy(), targets.numpy(),
+                                              real_vocab=REAL, top_k=9, top_p=0.9,
+                                              outside_kept="neg_inf", return_kept=True)
+    assert_bitwise(t_logp, torch.from_numpy(n_logp), "logp")
+    assert torch.equal(t_kept, torch.from_numpy(n_kept))
