@@ -54,6 +54,8 @@ struct LogprobOptions {
   float temperature = 1.0f;
   std::string row_temperature;   // file of [tokens] F32 per-row temperatures; none by default
   std::string kept_ids;          // file of [tokens, K] I64/I32 kept ids, -1 padded; none by default
+  std::optional<int32_t> top_k;  // every token's top_k of recomputed kept sets; none by default
+  std::optional<float> top_p;    // every token's top_p of recomputed kept sets; none by default
   std::optional<float> softcap;  // the logit softcap; none by default
   std::string backend = "auto";
   std::string device = "cpu";

@@ -18,6 +18,7 @@
 #include "io/tensor_file.hpp"
 #include "memory/memory.hpp"
 #include "op/call_checks.hpp"
+#include "op/kept_selection.hpp"
 #include "op/kept_sets.hpp"
 #include "scoring.hpp"
 
@@ -131,6 +132,8 @@ struct LogprobInputs {
   std::vector<float> row_temperature;  // empty without --row-temperature
   std::vector<int64_t> kept_ids;       // [tokens, kept_width]; empty without --kept-ids
   int64_t kept_width = 0;
+  std::vector<int32_t> top_k;  // [tokens] from --top-k; empty without
+  std::vector<float> top_p;    // [tokens] from --top-p; empty without
   std::vector<float> grad_logp, grad_lse, grad_entropy;
 };
 
@@ -197,6 +200,8 @@ LogprobInputs read_inputs(const LogprobOptions& o) {
   in.grad_logp = read_grad(o.grad_logp, "grad_logp", tokens, o.logits);
   in.grad_lse = read_grad(o.grad_lse, "grad_lse", tokens, o.logits);
   in.grad_entropy = read_grad(o.grad_entropy, "grad_entropy", tokens, o.logits);
+  if (o.top_k) in.top_k.assign(static_cast<std::size_t>(tokens), *o.top_k);
+  if (o.top_p) in.top_p.assign(static_cast<std::size_t>(tokens), *o.top_p);
   return in;
 }
 
@@ -265,6 +270,8 @@ void write_outputs(const LogprobOptions& o, const LogprobInputs& in, const Score
   if (o.softcap) metadata["softcap"] = fmt::format("{}", *o.softcap);
   if (!o.row_temperature.empty()) metadata["row_temperature"] = o.row_temperature;
   if (!o.kept_ids.empty()) metadata["kept_ids"] = o.kept_ids;
+  if (o.top_k) metadata["top_k"] = fmt::format("{}", *o.top_k);
+  if (o.top_p) metadata["top_p"] = fmt::format("{}", *o.top_p);
   io::write_tensors_to(tensors_out, out, metadata);
   std::string names;
   for (const io::TensorRef& t : out) names += (names.empty() ? "" : ", ") + std::string(t.name);
@@ -298,29 +305,30 @@ int logprob_command(const LogprobOptions& o) {
   // The TP layout: whole tiles, the first ranks take the extra tiles.
   const int64_t padded = in.logits.cols;
   const int64_t w = resolve_tile_width(o, padded);
-  const ScoreRequest req{.dtype = in.logits.dtype,
-                         .real_vocab = in.real,
-                         .padded_vocab = padded,
-                         .bounds = even_tile_aligned_bounds(padded, o.tp, w),
-                         .tile_width = w,
-                         .temperature = o.temperature,
-                         .row_temperature = in.row_temperature,
-                         .kept = {.ids = in.kept_ids, .width = in.kept_width},
-                         .softcap = o.softcap,
-                         .backend = o.backend,
-                         .platform = platform_of(device),
-                         .deterministic = o.deterministic,
-                         .entropy = o.entropy,
-                         .targets = in.targets,
-                         .active = &in.active,
-                         .grads = {.grad_logp = in.grad_logp,
-                                   .grad_lse = in.grad_lse,
-                                   .grad_entropy = in.grad_entropy},
-                         .collective_timeout = parse_collective_timeout(o.collective_timeout)};
+  const ScoreRequest req{
+      .dtype = in.logits.dtype,
+      .real_vocab = in.real,
+      .padded_vocab = padded,
+      .bounds = even_tile_aligned_bounds(padded, o.tp, w),
+      .tile_width = w,
+      .temperature = o.temperature,
+      .row_temperature = in.row_temperature,
+      .kept = {.ids = in.kept_ids, .width = in.kept_width, .top_k = in.top_k, .top_p = in.top_p},
+      .softcap = o.softcap,
+      .backend = o.backend,
+      .platform = platform_of(device),
+      .deterministic = o.deterministic,
+      .entropy = o.entropy,
+      .targets = in.targets,
+      .active = &in.active,
+      .grads = {.grad_logp = in.grad_logp,
+                .grad_lse = in.grad_lse,
+                .grad_entropy = in.grad_entropy},
+      .collective_timeout = parse_collective_timeout(o.collective_timeout)};
   // The operator's own rules for the per-token inputs (one temperature per token, each finite
   // and > 0; kept ids in the real vocabulary, once per row, holding each active target),
   // applied before anything is computed, the error naming the file.
-  if (!in.row_temperature.empty() || !in.kept_ids.empty()) {
+  if (!in.row_temperature.empty() || !in.kept_ids.empty() || req.kept.recomputed()) {
     const LogprobContract contract = make_contract(req, 0);
     auto check = [](const std::string& file, auto&& rule) {
       try {
@@ -331,6 +339,7 @@ int logprob_command(const LogprobOptions& o) {
     };
     check(o.row_temperature,
           [&] { op::check_row_temperature(in.row_temperature, in.logits.rows, contract); });
+    check("--top-k/--top-p", [&] { op::check_recomputed_kept(req.kept, in.logits.rows); });
     if (req.kept.given()) {
       check(o.kept_ids,
             [&] { op::check_kept_ids(req.kept, in.logits.rows, in.targets, contract); });

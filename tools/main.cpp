@@ -74,9 +74,16 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
   add_defaulted(app, "--temperature", o.temperature, "scores use logits / temperature");
   app.add_option("--row-temperature", o.row_temperature,
                  "[tokens] F32 per-token temperatures, each row's instead of --temperature");
-  app.add_option("--kept-ids", o.kept_ids,
-                 "[tokens, K] I64/I32 each token's kept vocabulary ids, -1 padded: logp, LSE and "
-                 "entropy over that set");
+  auto* kept = app.add_option(
+      "--kept-ids", o.kept_ids,
+      "[tokens, K] I64/I32 each token's kept vocabulary ids, -1 padded: logp, LSE and "
+      "entropy over that set");
+  auto* top_k = app.add_option("--top-k", o.top_k,
+                               "every token's kept set recomputed as its top_k ids (1..1024)");
+  auto* top_p = app.add_option("--top-p", o.top_p,
+                               "every token's kept set recomputed by top-p (in (0, 1]), within "
+                               "--top-k when given");
+  kept->excludes(top_k)->excludes(top_p);
   app.add_option(
       "--softcap", o.softcap,
       "logit softcap: scores use cap * tanh(logits / cap) / temperature (default: none)");

@@ -330,3 +330,49 @@ def test_overwrites_existing_output_atomically(inputs):
     out, _ = read_safetensors(d / "out.safetensors")
     assert out["logp"][1].shape == (ROWS,)
     assert sorted(os.listdir(d)) == ["logits.npy", "mask.npy", "out.safetensors", "targets.npy"]
+
+
+def test_top_k_top_p_equal_the_kept_ids_of_the_selected_sets(inputs):
+    """--top-k / --top-p: every token's kept set recomputed (exactly top_k ids, the largest
+    logits; then top-p within them); the same bits at every --tp, and the bits of --kept-ids
+    given those sets (the float64 rule computed here); errors exit with a message."""
+    d = inputs["dir"]
+    x, t, mask = inputs["x"], inputs["t"].copy(), inputs["mask"]
+    k, top_p = 6, 0.9
+    ids = np.full((ROWS, k), -1, np.int64)
+    for r in range(ROWS):
+        z = x[r, :REAL].astype(np.float64)
+        order = sorted(range(REAL), key=lambda i: (-z[i], i))[:k]
+        zs = z[order]
+        lse = zs.max() + np.log(np.exp(zs - zs.max()).sum())
+        kept, before = [], 0.0
+        for i, v in zip(order, zs):
+            if not before < top_p:
+                break
+            kept.append(i)
+            before += np.exp(v - lse)
+        ids[r, :len(kept)] = sorted(kept)
+        if mask[r]:
+            t[r] = ids[r, 0]  # inside the set
+    save_npy(d, logits=x, targets=t, mask=mask, gl=inputs["gl"], kept=ids)
+    common = ["logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+              "mask.npy", "--real-vocab", REAL, "--tile-width", 64, "--entropy", "--grad-logp",
+              "gl.npy"]
+    names = ("logp", "lse", "entropy", "grad_logits")
+    for tp in (1, 3):
+        p = run_cli(*common, "--tp", tp, "--top-k", k, "--top-p", top_p,
+                    "--out", f"tk{tp}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+    p = run_cli(*common, "--kept-ids", "kept.npy", "--out", "given.safetensors", cwd=d)
+    assert p.returncode == 0, p.stderr
+    for k_ in names:
+        want = raw_tensor_bytes(d / "given.safetensors", k_)
+        assert raw_tensor_bytes(d / "tk1.safetensors", k_) == want, k_
+        assert raw_tensor_bytes(d / "tk3.safetensors", k_) == want, k_
+    _, meta = read_safetensors(d / "tk1.safetensors")
+    assert meta["top_k"] == str(k)
+    p = run_cli(*common, "--top-k", 2000, "--out", "bad.safetensors", cwd=d)
+    assert p.returncode != 0 and "top_k of row 0 is 2000" in p.stderr, p.stderr
+    p = run_cli(*common, "--top-k", 3, "--kept-ids", "kept.npy", "--out", "bad.safetensors",
+                cwd=d)
+    assert p.returncode != 0 and "excludes" in p.stderr, p.stderr
