@@ -199,12 +199,9 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
     f.kept = recompute ? std::move(selected.ids)
                        : op::resolve_kept_ids(opt.kept.ids, rows, opt.kept.width);
     f.kept_width = recompute ? selected.width : opt.kept.width;
-    op::KeptOutputs kept = op::kept_forward(
-        comm, sh, kernels_->shard_kernels(), f.kept, f.kept_width, targets, f.active, opt.entropy,
-        [&](std::span<const int64_t> cols, std::span<float> z) {
-          kernels_->read_target_logits(f.shard, cols, z);
-        },
-        opt.exec);
+    op::KeptOutputs kept =
+        op::kept_forward(comm, sh, kernels_->shard_kernels(), f.kept, f.kept_width, targets,
+                         f.active, opt.entropy, op::read_scores_of(*kernels_, f.shard), opt.exec);
     if (opt.validate) op::check_finite_lse(c.mask().active_mask(), kept.lse, "hidden");
     FusedLogprobResult out;
     out.logp = std::move(kept.logp);

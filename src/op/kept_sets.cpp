@@ -43,25 +43,38 @@ void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const in
   }
   const int64_t real = c.sharding().real_vocab_size();
   const auto& active = c.mask().active_mask();
-  std::vector<int64_t> row(static_cast<std::size_t>(width));
+  // One bit per real id: a row's ids are marked as they are seen (a repeat is a duplicate) and
+  // unmarked after the row, so the checks cost O(width) per row, no sort.
+  std::vector<uint64_t> seen(static_cast<std::size_t>((real + 63) / 64), 0);
   for (int64_t i = 0; i < rows; ++i) {
-    int64_t n = 0;
-    for (int64_t j = 0; j < width; ++j) {
-      const int64_t id = kept.ids[at(i, width, j)];
+    const std::span<const int64_t> row =
+        kept.ids.subspan(at(i, width, 0), static_cast<std::size_t>(width));
+    for (const int64_t id : row) {
       if (id < -1 || id >= real) {
         fail_kept(ErrorCode::token_out_of_vocab,
                   fmt::format("kept_ids row {} holds id {}: kept ids must lie in the real "
                               "vocabulary [0, {}), or be -1 (padding)",
                               i, id, real));
       }
-      if (id >= 0) row[static_cast<std::size_t>(n++)] = id;
     }
-    std::sort(row.begin(), row.begin() + n);
-    const auto dup = std::adjacent_find(row.begin(), row.begin() + n);
-    if (dup != row.begin() + n) {
-      fail_kept(ErrorCode::duplicate,
-                fmt::format("kept_ids row {} holds id {} twice: list each kept id once per row", i,
-                            *dup));
+    const int64_t t = targets[static_cast<std::size_t>(i)];
+    int64_t n = 0;
+    bool holds_target = false;
+    for (const int64_t id : row) {
+      if (id < 0) continue;
+      uint64_t& word = seen[static_cast<std::size_t>(id / 64)];
+      const uint64_t bit = uint64_t{1} << (id % 64);
+      if (word & bit) {
+        fail_kept(ErrorCode::duplicate,
+                  fmt::format("kept_ids row {} holds id {} twice: list each kept id once per row",
+                              i, id));
+      }
+      word |= bit;
+      ++n;
+      holds_target = holds_target || id == t;
+    }
+    for (const int64_t id : row) {
+      if (id >= 0) seen[static_cast<std::size_t>(id / 64)] = 0;
     }
     if (!active[static_cast<std::size_t>(i)]) continue;
     if (n == 0) {
@@ -70,9 +83,7 @@ void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const in
                             "every active row at least its target, or mask the row out",
                             i));
     }
-    const int64_t t = targets[static_cast<std::size_t>(i)];
-    if (kept.outside == OutsideKept::error &&
-        !std::binary_search(row.begin(), row.begin() + n, t)) {
+    if (kept.outside == OutsideKept::error && !holds_target) {
       fail_kept(ErrorCode::conflicting_fields,
                 fmt::format("kept_ids row {}: target id {} is not in the row's kept set; the "
                             "sampled token must be kept (pass outside_kept=neg_inf to score it "
@@ -83,14 +94,17 @@ void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const in
 }
 
 std::vector<int64_t> resolve_kept_ids(std::span<const int64_t> ids, int64_t rows, int64_t width) {
-  std::vector<int64_t> out(ids.begin(), ids.end());
+  std::vector<int64_t> out(ids.size());
+  // Sorted as 32-bit keys (ids are below 2^31; -1 becomes the largest key, so padding goes last):
+  // a plain integer sort, the row's order ascending.
+  std::vector<uint32_t> keys(static_cast<std::size_t>(width));
   for (int64_t i = 0; i < rows; ++i) {
-    const auto first = out.begin() + static_cast<std::ptrdiff_t>(at(i, width, 0));
-    const auto last = first + width;
-    // -1 last, the ids ascending before it.
-    std::sort(first, last, [](int64_t a, int64_t b) {
-      return static_cast<uint64_t>(a) < static_cast<uint64_t>(b);
-    });
+    const std::size_t first = at(i, width, 0);
+    for (std::size_t j = 0; j < keys.size(); ++j) keys[j] = static_cast<uint32_t>(ids[first + j]);
+    std::sort(keys.begin(), keys.end());
+    for (std::size_t j = 0; j < keys.size(); ++j) {
+      out[first + j] = keys[j] == UINT32_MAX ? -1 : static_cast<int64_t>(keys[j]);
+    }
   }
   return out;
 }
@@ -103,25 +117,15 @@ std::vector<float> gather_scores(Communicator& comm, const ShardingSpec& sh,
                                  std::span<const int64_t> kept, int64_t rows, int64_t width,
                                  const ReadScores& read) {
   const std::size_t n = static_cast<std::size_t>(rows * width);
-  std::vector<float> block(n, 0.0f);
-  std::vector<int64_t> local(static_cast<std::size_t>(rows));
-  std::vector<float> z(static_cast<std::size_t>(rows));
+  std::vector<int64_t> local(n);
   const int64_t begin = sh.local_vocab_start();
   const int64_t end = std::min(sh.local_vocab_end(), sh.real_vocab_size());
-  for (int64_t j = 0; j < width; ++j) {
-    bool any = false;
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t id = kept[at(i, width, j)];
-      const bool mine = id >= begin && id < end;
-      local[static_cast<std::size_t>(i)] = mine ? id - begin : -1;
-      any = any || mine;
-    }
-    if (!any) continue;
-    read(local, z);
-    for (int64_t i = 0; i < rows; ++i) {
-      if (local[static_cast<std::size_t>(i)] >= 0) block[at(i, width, j)] = z[i];
-    }
+  for (std::size_t k = 0; k < n; ++k) {
+    const int64_t id = kept[k];
+    local[k] = id >= begin && id < end ? id - begin : -1;
   }
+  std::vector<float> block(n, 0.0f);
+  read(local, width, block);
   const std::vector<float> gathered =
       all_gather_blocks(comm, std::move(block), "forward all-gather of the kept scores");
   if (comm.size() <= 1) return gathered;
@@ -177,6 +181,43 @@ void kept_roots(const ShardKernels& kernels, std::span<const float> scores,
 }
 
 }  // namespace
+
+ReadScores read_scores_of(const LogitsView& shard, const ShardSpec& spec) {
+  return [&shard, &spec](std::span<const int64_t> cols, int64_t width, std::span<float> out) {
+    for (int64_t i = 0; i < shard.rows; ++i) {
+      const int64_t base = i * shard.row_stride;
+      const std::size_t first = at(i, width, 0);
+      // The loads first (independent: they overlap), then the scoring of the row's slots.
+      for (std::size_t k = first; k < first + static_cast<std::size_t>(width); ++k) {
+        out[k] =
+            cols[k] >= 0 ? numerics::load_as_float(shard.data, shard.dtype, base + cols[k]) : 0.0f;
+      }
+      const float tau = spec.temperature_of(i);
+      for (std::size_t k = first; k < first + static_cast<std::size_t>(width); ++k) {
+        if (cols[k] >= 0)
+          out[k] = canon::canonicalize(canon::scored_logit(out[k], spec.softcap, tau));
+      }
+    }
+  };
+}
+
+ReadScores read_scores_of(const FusedKernels& kernels, const FusedShard& shard) {
+  return [&kernels, &shard](std::span<const int64_t> cols, int64_t width, std::span<float> out) {
+    const int64_t rows = shard.hidden.rows;
+    std::vector<int64_t> slot(static_cast<std::size_t>(rows));
+    std::vector<float> z(static_cast<std::size_t>(rows));
+    for (int64_t j = 0; j < width; ++j) {
+      bool any = false;
+      for (int64_t i = 0; i < rows; ++i) {
+        slot[static_cast<std::size_t>(i)] = cols[at(i, width, j)];
+        any = any || slot[static_cast<std::size_t>(i)] >= 0;
+      }
+      if (!any) continue;
+      kernels.read_target_logits(shard, slot, z);
+      for (int64_t i = 0; i < rows; ++i) out[at(i, width, j)] = z[static_cast<std::size_t>(i)];
+    }
+  };
+}
 
 KeptOutputs kept_forward(Communicator& comm, const ShardingSpec& sharding,
                          const ShardKernels& kernels, std::span<const int64_t> kept, int64_t width,

@@ -32,9 +32,18 @@ void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const in
 // Each row's ids in ascending order, then the -1 padding: [rows, width].
 std::vector<int64_t> resolve_kept_ids(std::span<const int64_t> ids, int64_t rows, int64_t width);
 
-// Reads the scored values z (as the kernels' read_target_logits) of one local column per row
-// (out[i] for local_cols[i] >= 0; rows with -1 get +0).
-using ReadScores = std::function<void(std::span<const int64_t> local_cols, std::span<float> out)>;
+// Reads the scored values z (the bits of the kernels' read_target_logits) of the local columns
+// [rows, width] (out[k] for local_cols[k] >= 0; slots with -1 get +0).
+using ReadScores =
+    std::function<void(std::span<const int64_t> local_cols, int64_t width, std::span<float> out)>;
+
+// The logits operator's ReadScores: the shard's own logits in host memory (kernels whose
+// supports_kept_sets() is true), each row's slots loaded together before they are scored, so
+// that the loads of scattered columns overlap. The fused lm_head's: one canonical dot per slot
+// (FusedKernels::read_target_logits). They keep references: the arguments must outlive the
+// call.
+ReadScores read_scores_of(const LogitsView& shard, const ShardSpec& spec);
+ReadScores read_scores_of(const FusedKernels& kernels, const FusedShard& shard);
 
 // The outputs over the kept sets, replicated bitwise on every rank.
 struct KeptOutputs {

@@ -350,12 +350,9 @@ LogprobResult VocabParallelLogprob::forward_kept(const LogitsView& logits,
   saved->kept_begin = sh.local_vocab_start();
   saved->real_vocab = sh.real_vocab_size();
   const ShardSpec& spec = saved->spec;
-  op::KeptOutputs kept = op::kept_forward(
-      comm, sh, kernels_, saved->kept, width, targets, saved->active, opt.entropy,
-      [&](std::span<const int64_t> cols, std::span<float> z) {
-        kernels_.read_target_logits(logits, spec, cols, z);
-      },
-      opt.exec);
+  op::KeptOutputs kept =
+      op::kept_forward(comm, sh, kernels_, saved->kept, width, targets, saved->active, opt.entropy,
+                       op::read_scores_of(logits, spec), opt.exec);
   if (opt.validate) op::check_finite_lse(c.mask().active_mask(), kept.lse, "local_logits");
   LogprobResult out;
   out.logp = std::move(kept.logp);
