@@ -266,6 +266,8 @@ void kept_backward(const LogitsView& logits, const ShardSpec& spec, std::span<co
                                        .g_entropy = 0.0f};
   const int64_t begin = global_begin;
   const int64_t end = std::min(begin + logits.cols, real_vocab);
+  std::vector<int64_t> cols(static_cast<std::size_t>(width));
+  std::vector<float> xs(static_cast<std::size_t>(width));
   for (int64_t i = 0; i < logits.rows; ++i) {
     const auto r = static_cast<std::size_t>(i);
     canon::GradCoefficients g = base_g;
@@ -273,12 +275,19 @@ void kept_backward(const LogitsView& logits, const ShardSpec& spec, std::span<co
     if (g.has_lse) g.g_lse = in.grad_lse[r];
     if (g.has_entropy) g.g_entropy = in.grad_entropy[r];
     const float entropy = in.entropy.empty() ? 0.0f : in.entropy[r];
+    // The row's kept logits loaded first (independent loads of scattered columns overlap),
+    // then their gradients.
+    std::size_t n = 0;
     for (int64_t j = 0; j < width; ++j) {
       const int64_t id = kept[at(i, width, j)];
       if (id < begin || id >= end) continue;
-      const int64_t col = id - begin;
-      const float x =
-          numerics::load_as_float(logits.data, logits.dtype, i * logits.row_stride + col);
+      cols[n] = id - begin;
+      xs[n] = numerics::load_as_float(logits.data, logits.dtype, i * logits.row_stride + cols[n]);
+      ++n;
+    }
+    for (std::size_t k = 0; k < n; ++k) {
+      const int64_t col = cols[k];
+      const float x = xs[k];
       const float v = canon::grad_of_logit(x, col == in.target_local[r], in.lse[r], entropy, g,
                                            spec.temperature_of(i), spec.softcap);
       numerics::store_from_float(grad.data, grad.dtype, i * grad.row_stride + col, v);
