@@ -270,9 +270,7 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
   // This rank's grad_weight and the grad_hidden sum of each node of its cover, padded to the
   // widest cover so that every rank sends a block of the same size.
   std::vector<float> g_logp = op::active_grad_logp(g.grad_logp, f.active);
-  for (std::size_t i = 0; i < f.outside_kept.size() && !g_logp.empty(); ++i) {
-    if (f.outside_kept[i]) g_logp[i] = 0.0f;  // a target outside its kept set: no logp gradient
-  }
+  op::drop_outside_grad_logp(g_logp, f.outside_kept);
   const BackwardInputs in{.lse = f.lse,
                           .entropy = f.entropy,
                           .target_local = f.target_local,

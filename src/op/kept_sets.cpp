@@ -219,6 +219,12 @@ ReadScores read_scores_of(const FusedKernels& kernels, const FusedShard& shard) 
   };
 }
 
+void drop_outside_grad_logp(std::span<float> grad_logp, std::span<const uint8_t> outside) {
+  for (std::size_t i = 0; i < outside.size() && i < grad_logp.size(); ++i) {
+    if (outside[i]) grad_logp[i] = 0.0f;
+  }
+}
+
 KeptOutputs kept_forward(Communicator& comm, const ShardingSpec& sharding,
                          const ShardKernels& kernels, std::span<const int64_t> kept, int64_t width,
                          std::span<const int64_t> targets, std::span<const uint8_t> active,

@@ -45,6 +45,10 @@ using ReadScores =
 ReadScores read_scores_of(const LogitsView& shard, const ShardSpec& spec);
 ReadScores read_scores_of(const FusedKernels& kernels, const FusedShard& shard);
 
+// The logp gradient backward uses over kept sets: +0 on rows whose target is outside their set
+// (OutsideKept::neg_inf: logp is -inf, a constant), `outside` as KeptOutputs::outside.
+void drop_outside_grad_logp(std::span<float> grad_logp, std::span<const uint8_t> outside);
+
 // The outputs over the kept sets, replicated bitwise on every rank.
 struct KeptOutputs {
   std::vector<float> logp;       // [rows]; +0 on inactive rows, -inf where the target is outside

@@ -390,10 +390,7 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
                     .grad_lse = g.grad_lse,
                     .grad_entropy = g.grad_entropy};
   if (s.kept_width > 0) {
-    // A row whose target is outside its kept set (OutsideKept::neg_inf) gets no logp gradient.
-    for (std::size_t i = 0; i < g_logp.size(); ++i) {
-      if (s.outside_kept[i]) g_logp[i] = 0.0f;
-    }
+    op::drop_outside_grad_logp(g_logp, s.outside_kept);
     op::kept_backward(s.logits, s.spec, s.kept, s.kept_width, s.kept_begin, s.real_vocab, in, grad);
     return;
   }
