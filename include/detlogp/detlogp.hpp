@@ -12,5 +12,6 @@
 #include "detlogp/kernels.hpp"
 #include "detlogp/operator.hpp"
 #include "detlogp/registry.hpp"
+#include "detlogp/sampler.hpp"
 #include "detlogp/version.hpp"
 #include "detlogp/views.hpp"

@@ -120,6 +120,9 @@ class LogprobOp {
   virtual const std::string& backend_id() const = 0;
   // Name of the kernels that run (e.g. "highway:AVX3", "scalar-reference").
   virtual std::string kernel_name() const = 0;
+  // The shard kernels forward runs the canon with, for callers that scan the same shard
+  // (the sampler, detlogp/sampler.hpp); null for an op that is not the canon over ShardKernels.
+  virtual const ShardKernels* shard_kernels() const { return nullptr; }
 
   // `local_logits` must stay alive and unchanged until backward is done with the result.
   virtual LogprobResult forward(const LogitsView& local_logits, std::span<const int64_t> targets,
@@ -138,6 +141,7 @@ class VocabParallelLogprob final : public LogprobOp {
 
   const std::string& backend_id() const override { return backend_id_; }
   std::string kernel_name() const override { return kernels_.name(); }
+  const ShardKernels* shard_kernels() const override { return &kernels_; }
 
   LogprobResult forward(const LogitsView& local_logits, std::span<const int64_t> targets,
                         const LogprobContract& contract, Communicator& comm,

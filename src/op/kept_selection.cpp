@@ -191,6 +191,26 @@ float kept_scores_lse(const ShardKernels& kernels, std::span<const float> z) {
   return lse;
 }
 
+std::vector<Candidate> all_gather_candidates(Communicator& comm, std::span<const Candidate> local,
+                                             std::string_view step) {
+  std::vector<Candidate> gathered(local.begin(), local.end());
+  if (comm.size() > 1) {
+    gathered.resize(local.size() * static_cast<std::size_t>(comm.size()));
+    collective_step(step, [&] { all_gather(comm, local, std::span<Candidate>(gathered)); });
+  }
+  return gathered;
+}
+
+void pool_of_row(std::span<const Candidate> gathered, int ranks, int64_t rows, int64_t width,
+                 int64_t r, std::vector<Candidate>& pool) {
+  // Each rank's first candidates of the row, then its padding.
+  pool.clear();
+  for (int rank = 0; rank < ranks; ++rank) {
+    const Candidate* block = gathered.data() + (static_cast<int64_t>(rank) * rows + r) * width;
+    for (int64_t j = 0; j < width && block[j].id >= 0; ++j) pool.push_back(block[j]);
+  }
+}
+
 KeptSelection select_kept_sets(Communicator& comm, const ShardKernels& kernels,
                                const KeptSelectionParams& params, int64_t rows,
                                std::span<const Candidate> local, int64_t width, int64_t real_vocab,
@@ -206,24 +226,15 @@ KeptSelection select_kept_sets(Communicator& comm, const ShardKernels& kernels,
   }
   KeptSelection out;
   if (width == 0) return out;
-  std::vector<Candidate> gathered(local.begin(), local.end());
-  if (comm.size() > 1) {
-    gathered.resize(local.size() * static_cast<std::size_t>(comm.size()));
-    collective_step("kept-set candidates all-gather",
-                    [&] { all_gather(comm, local, std::span<Candidate>(gathered)); });
-  }
+  const std::vector<Candidate> gathered =
+      all_gather_candidates(comm, local, "kept-set candidates all-gather");
 
   std::vector<std::vector<int64_t>> kept(static_cast<std::size_t>(rows));
   std::vector<Candidate> pool;
   for (int64_t r = 0; r < rows; ++r) {
     const auto ri = static_cast<std::size_t>(r);
     if (counts[ri] == 0) continue;
-    // Every rank's candidates of row r (each rank's first ones, then padding).
-    pool.clear();
-    for (int rank = 0; rank < comm.size(); ++rank) {
-      const Candidate* block = gathered.data() + (static_cast<int64_t>(rank) * rows + r) * width;
-      for (int64_t j = 0; j < width && block[j].id >= 0; ++j) pool.push_back(block[j]);
-    }
+    pool_of_row(gathered, comm.size(), rows, width, r, pool);
     kept[ri] = kept_ids_of_row(kernels, pool, static_cast<std::size_t>(counts[ri]),
                                top_k_of(params, ri), top_p_of(params, ri),
                                full_lse.empty() ? 0.0f : full_lse[ri], real_vocab, r);

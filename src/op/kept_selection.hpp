@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "detlogp/comm.hpp"
@@ -64,6 +65,17 @@ struct KeptSelection {
                              // unrestricted row (top_k 0, top_p 1) is all -1
   int64_t width = 0;         // the largest kept set (0: no row restricted)
 };
+
+// The candidates' exchange: every rank's [rows, width] candidates (`local` on each) by one
+// all-gather named `step` (a copy of `local` at one rank), [ranks][rows][width].
+std::vector<kernels::Candidate> all_gather_candidates(Communicator& comm,
+                                                      std::span<const kernels::Candidate> local,
+                                                      std::string_view step);
+
+// Row r's candidates from every rank's block of `gathered` (each rank's, up to its padding),
+// into `pool` (cleared first).
+void pool_of_row(std::span<const kernels::Candidate> gathered, int ranks, int64_t rows,
+                 int64_t width, int64_t r, std::vector<kernels::Candidate>& pool);
 
 // The exchange and the merge, on every rank: `local` is this rank's [rows, width] candidates
 // (kernels::shard_top_candidates or fused_top_candidates with candidate_counts; width = the

@@ -80,6 +80,11 @@ void run_preflight(Communicator& comm, const PreflightFacts& mine) {
       throw ContractError(ErrorCode::ranks_disagree, field, "cross-rank preflight failed: " + *why);
     }
   }
+  for (const char* field : {"seeds", "positions", "num_logprobs"}) {
+    if (auto why = sample_disagreement(all, field)) {
+      throw ContractError(ErrorCode::ranks_disagree, field, "cross-rank preflight failed: " + *why);
+    }
+  }
   // Local ranges must tile the vocabulary in rank order (the fingerprint covers the bounds;
   // this catches a rank that passed a shard other than the one its contract names).
   for (std::size_t r = 1; r < all.size(); ++r) {

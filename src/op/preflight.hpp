@@ -22,6 +22,7 @@ namespace detlogp::op {
 inline constexpr std::string_view kForwardPhase = "forward";
 inline constexpr std::string_view kFusedForwardPhase = "fused forward";
 inline constexpr std::string_view kFusedBackwardPhase = "fused backward";
+inline constexpr std::string_view kSamplePhase = "sample";
 
 struct PreflightFacts {
   // One of the k*Phase names; empty for a rank that only reports its failure or has no
@@ -53,6 +54,11 @@ struct PreflightFacts {
   // carries a digest of each. Must outlive run_preflight.
   std::span<const int32_t> top_k;
   std::span<const float> top_p;
+  // The sampler's per-row seeds and positions (empty: none; the record carries a digest of
+  // each) and its num_logprobs (detlogp/sampler.hpp). Must outlive run_preflight.
+  std::span<const int64_t> seeds;
+  std::span<const int64_t> positions;
+  int64_t num_logprobs = 0;
   // Set when this rank's local validation failed: the message, sent so the other ranks fail
   // together with it instead of waiting for it.
   std::optional<std::string> local_error;
@@ -72,7 +78,8 @@ int64_t preflight_record_bytes();
 // validation failed rethrows its own message. Ranks whose rows layouts differ are reported
 // first, with field "rows_layout" (every other difference follows from it); ranks whose per-row
 // temperatures differ next, with field "temperature"; ranks whose kept sets differ next, with
-// field "kept_ids"; ranks whose top_k or top_p differ last, with field "top_k" or "top_p".
+// field "kept_ids"; ranks whose top_k or top_p differ next, with field "top_k" or "top_p";
+// ranks whose seeds, positions or num_logprobs differ last, with that field.
 void run_preflight(Communicator& comm, const PreflightFacts& mine);
 
 // An operator call's first two steps: this rank's local checks, then, whenever the call is

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -52,8 +53,9 @@ constexpr const char* kAgreeOn =
     "all TP ranks must agree on the row count, the contract (role, dtype, mask, sharding, "
     "reduction, output, temperature, softcap), deterministic mode, tile width, entropy flag, "
     "backend "
-    "id, numerics version, the active targets, the per-row temperatures, the kept sets and the "
-    "per-row top_k and top_p before any collective";
+    "id, numerics version, the active targets, the per-row temperatures, the kept sets, the "
+    "per-row top_k and top_p and the sampler's seeds, positions and num_logprobs before any "
+    "collective";
 
 std::optional<std::string> compare(const char* name, std::span<const PreflightRecord> all,
                                    const std::function<std::string(const PreflightRecord&)>& show) {
@@ -117,11 +119,12 @@ namespace {
 // A 128-bit digest of 32-bit per-row values (every row, in row order, by their bits).
 template <class T>
 std::string per_row_digest(std::span<const T> values) {
-  static_assert(sizeof(T) == 4);
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
   if (values.empty()) return {};
   uint64_t a = 0, b = 0;
   for (std::size_t i = 0; i < values.size(); ++i) {
-    const uint64_t t = std::bit_cast<uint32_t>(values[i]);
+    const uint64_t t = std::bit_cast<Bits>(values[i]);
     a += mix64(t ^ mix64(i + 0x9e3779b97f4a7c15ULL));
     b += mix64(t + mix64(i ^ 0xd1b54a32d192ed03ULL) * 3);
   }
@@ -137,6 +140,12 @@ std::string row_temperature_digest(std::span<const float> row_temperature) {
 std::string top_k_digest(std::span<const int32_t> top_k) { return per_row_digest(top_k); }
 
 std::string top_p_digest(std::span<const float> top_p) { return per_row_digest(top_p); }
+
+std::string seeds_digest(std::span<const int64_t> seeds) { return per_row_digest(seeds); }
+
+std::string positions_digest(std::span<const int64_t> positions) {
+  return per_row_digest(positions);
+}
 
 std::string kept_digest(const KeptSetOptions& kept) {
   if (!kept.given()) return {};
@@ -172,6 +181,9 @@ PreflightRecord encode_record(const PreflightFacts& f) {
   put_text(r.kept_digest, kept_digest(f.kept));
   put_text(r.top_k_digest, top_k_digest(f.top_k));
   put_text(r.top_p_digest, top_p_digest(f.top_p));
+  put_text(r.seeds_digest, seeds_digest(f.seeds));
+  put_text(r.positions_digest, positions_digest(f.positions));
+  r.num_logprobs = f.num_logprobs;
   r.tile_width = f.tile_width;
   r.local_begin = f.local_begin;
   r.local_end = f.local_end;
@@ -265,6 +277,20 @@ std::optional<std::string> kept_selection_disagreement(std::span<const Preflight
   const bool k = field == "top_k";
   return compare(k ? "top_k values" : "top_p values", all, [k](const PreflightRecord& r) {
     const std::string digest = get_text(k ? r.top_k_digest : r.top_p_digest);
+    return digest.empty() ? std::string("none") : "digest " + digest;
+  });
+}
+
+std::optional<std::string> sample_disagreement(std::span<const PreflightRecord> all,
+                                               std::string_view field) {
+  if (all.size() < 2) return std::nullopt;
+  if (field == "num_logprobs") {
+    return compare("num_logprobs", all,
+                   [](const PreflightRecord& r) { return std::to_string(r.num_logprobs); });
+  }
+  const bool seeds = field == "seeds";
+  return compare(seeds ? "seeds" : "positions", all, [seeds](const PreflightRecord& r) {
+    const std::string digest = get_text(seeds ? r.seeds_digest : r.positions_digest);
     return digest.empty() ? std::string("none") : "digest " + digest;
   });
 }

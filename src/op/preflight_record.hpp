@@ -34,11 +34,14 @@ struct PreflightRecord {
   std::array<char, 48> kept_digest;             // empty text: no kept sets
   std::array<char, 40> top_k_digest;            // empty text: no top_k
   std::array<char, 40> top_p_digest;            // empty text: no top_p
+  std::array<char, 40> seeds_digest;            // empty text: no seeds (not a sampler call)
+  std::array<char, 40> positions_digest;        // empty text: no positions
   std::array<char, 64> rows_layout;
   int64_t tile_width;
   int64_t local_begin;
   int64_t local_end;
   int64_t rows;
+  int64_t num_logprobs;
   uint8_t deterministic;
   uint8_t entropy;
   uint8_t local_ok;
@@ -67,6 +70,11 @@ std::string kept_digest(const KeptSetOptions& kept);
 // by their bits); empty for none.
 std::string top_k_digest(std::span<const int32_t> top_k);
 std::string top_p_digest(std::span<const float> top_p);
+
+// 128-bit digests (32 hex digits) of the sampler's per-row seeds and positions (every row, in
+// row order, by their bits); empty for none.
+std::string seeds_digest(std::span<const int64_t> seeds);
+std::string positions_digest(std::span<const int64_t> positions);
 
 PreflightRecord encode_record(const PreflightFacts& facts);
 
@@ -97,5 +105,10 @@ std::optional<std::string> kept_disagreement(std::span<const PreflightRecord> al
 // after kept_disagreement.
 std::optional<std::string> kept_selection_disagreement(std::span<const PreflightRecord> all,
                                                        std::string_view field);
+
+// The text after "cross-rank preflight failed: " when the ranks' sampler inputs differ:
+// `field` "seeds", "positions" or "num_logprobs"; else nullopt. Checked last.
+std::optional<std::string> sample_disagreement(std::span<const PreflightRecord> all,
+                                               std::string_view field);
 
 }  // namespace detlogp::op

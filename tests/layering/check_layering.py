@@ -49,7 +49,7 @@ PUBLIC = {
     "numerics.hpp": "numerics",
     "kernels.hpp": "kernels",
     "comm.hpp": "comm", "mpi_comm.hpp": "comm",
-    "operator.hpp": "op", "fused.hpp": "op", "kept_set.hpp": "op",
+    "operator.hpp": "op", "fused.hpp": "op", "kept_set.hpp": "op", "sampler.hpp": "op",
     "registry.hpp": "registry", "fused_dispatch.hpp": "registry",
     "drift.hpp": "drift",
     "detlogp.hpp": "api",

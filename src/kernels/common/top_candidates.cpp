@@ -57,23 +57,6 @@ void widen(const void* base, int64_t at, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = numerics::load_as_float<kDType>(base, at + i);
 }
 
-// z of row r's first n columns (the read_target_logits value of each).
-void scored_row(const LogitsView& shard, const ShardSpec& spec, int64_t r, int64_t n, float* z) {
-  const int64_t at = r * shard.row_stride;
-  switch (shard.dtype) {
-    case DType::bf16:
-      widen<DType::bf16>(shard.data, at, n, z);
-      break;
-    case DType::fp16:
-      widen<DType::fp16>(shard.data, at, n, z);
-      break;
-    case DType::fp32:
-      widen<DType::fp32>(shard.data, at, n, z);
-      break;
-  }
-  score_in_place(z, n, spec.softcap, spec.temperature_of(r));
-}
-
 // An unsigned key whose order is the ranking's order of values: NaN highest, then descending
 // value; -0 and +0 share the key of +0.
 inline uint32_t rank_key(float z) {
@@ -101,6 +84,22 @@ void offer_all(TopCandidates& top, const float* z, int64_t n, int64_t first_id) 
 }
 
 }  // namespace
+
+void scored_row(const LogitsView& shard, const ShardSpec& spec, int64_t r, int64_t n, float* z) {
+  const int64_t at = r * shard.row_stride;
+  switch (shard.dtype) {
+    case DType::bf16:
+      widen<DType::bf16>(shard.data, at, n, z);
+      break;
+    case DType::fp16:
+      widen<DType::fp16>(shard.data, at, n, z);
+      break;
+    case DType::fp32:
+      widen<DType::fp32>(shard.data, at, n, z);
+      break;
+  }
+  score_in_place(z, n, spec.softcap, spec.temperature_of(r));
+}
 
 void TopCandidates::compact() {
   // The count-th best in place, the better ones before it in any order: no sort needed.
@@ -148,7 +147,7 @@ void shard_top_candidates(const LogitsView& shard, const ShardSpec& spec,
                           std::span<const int64_t> counts, int64_t width, std::span<Candidate> out,
                           const ExecOptions& exec) {
   const char* kernel = "shard_top_candidates";
-  validate_shard(shard, spec, kernel);
+  validate_shard(shard, spec, kernel, ShardBounds::any_bounds);  // element-wise: any bounds
   check_out(counts, shard.rows, width, spec.geometry.real_vocab, out, kernel);
   // Real columns of the shard only: padding is never read.
   const int64_t real_cols =

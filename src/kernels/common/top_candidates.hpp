@@ -61,6 +61,11 @@ class TopCandidates {
   bool has_bar_ = false;
 };
 
+// z of row r's first n columns of the shard, z[0, n): each the read_target_logits value (widened,
+// softcapped, divided by the row's temperature, canonical NaN). The candidate scan and the
+// sampler's draw (gumbel_scan) read the scored values through it.
+void scored_row(const LogitsView& shard, const ShardSpec& spec, int64_t r, int64_t n, float* z);
+
 // Ranks `pool` and keeps its first `count` candidates (all of them when it has fewer).
 void keep_first(std::vector<Candidate>& pool, std::size_t count);
 
