@@ -28,6 +28,7 @@ from ._op import LogprobDispatchResult, LogprobForward, LogprobOp, cuda_status, 
 from ._registry import Backend, Registry, get_op, register_logprob_backend
 from ._drift import drift, drift_thresholds
 from ._fused import fused_kernel_names, fused_linear_logprobs, linear_logits
+from ._sample import SampleOutput, sample
 
 __version__ = _detlogp.version()
 NUMERICS_VERSION = _detlogp.NUMERICS_VERSION
@@ -49,5 +50,6 @@ __all__ = [
     "DEFAULT_TILE_WIDTH", "CPU_CANONICAL_BACKEND_ID", "CPU_REFERENCE_BACKEND_ID",
     "CPU_BATCH_INVARIANT_BACKEND_ID", "CUDA_BUILT", "CUDA_CANONICAL_BACKEND_ID", "cuda_status",
     "Registry", "Backend", "register_logprob_backend", "get_op", "drift", "drift_thresholds",
-    "__version__", "fused_linear_logprobs", "linear_logits", "fused_kernel_names",
+    "__version__", "fused_linear_logprobs", "linear_logits", "fused_kernel_names", "sample",
+    "SampleOutput",
 ]

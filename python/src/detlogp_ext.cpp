@@ -29,4 +29,5 @@ PYBIND11_MODULE(_detlogp, m) {
   bind_cuda(m);
   bind_drift(m);
   bind_memory(m);
+  bind_sample(m);
 }

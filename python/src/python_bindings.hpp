@@ -14,6 +14,7 @@
 //   cuda_bindings.cpp      bind_cuda (the cuda platform's status and constants)
 //   drift_bindings.cpp     bind_drift (the drift statistics of include/detlogp/drift.hpp)
 //   memory_bindings.cpp    bind_memory (the command line's memory rule, for up-front checks)
+//   sample_bindings.cpp    bind_sample (the sampler, detlogp/sampler.hpp)
 
 #include <pybind11/pybind11.h>
 
@@ -22,7 +23,7 @@ namespace detlogp_python {
 using Binder = void(pybind11::module_& m);
 
 Binder bind_errors, bind_constants, bind_enums, bind_contract, bind_capability, bind_comm, bind_op,
-    bind_dispatch, bind_registry, bind_fused, bind_cuda, bind_drift, bind_memory;
+    bind_dispatch, bind_registry, bind_fused, bind_cuda, bind_drift, bind_memory, bind_sample;
 
 // Throws ContractError unless the cuda platform can run; registers its backend once
 // (cuda_bindings.cpp). Every dispatch on "cuda" calls it first.
