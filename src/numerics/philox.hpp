@@ -42,15 +42,26 @@ DETLOGP_HD Philox4x32 philox4x32_10(Philox4x32 ctr, uint32_t k0, uint32_t k1) {
   return ctr;
 }
 
-// The uniform of vocabulary id `id` at (seed, position): word 0 of Philox4x32-10 with key
-// (seed low 32 bits, seed high 32 bits) and counter (position low 32, position high 32, id, 0),
-// as u = (2 * (x >> 9) + 1) * 2^-24: exact in fp32, in (0, 1), never 0 or 1.
-DETLOGP_HD float sample_uniform(uint64_t seed, uint64_t position, uint32_t id) {
+// The generator's word for vocabulary id `id` at (seed, position): word 0 of Philox4x32-10 with
+// key (seed low 32 bits, seed high 32 bits) and counter (position low 32, position high 32, id,
+// 0).
+DETLOGP_HD uint32_t sample_word(uint64_t seed, uint64_t position, uint32_t id) {
   const Philox4x32 out = philox4x32_10(
       Philox4x32{{static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32), id, 0u}},
       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  const uint32_t odd = 2u * (out.v[0] >> 9) + 1u;           // < 2^24: exact as a float
+  return out.v[0];
+}
+
+// The uniform of a word x: u = (2 * (x >> 9) + 1) * 2^-24, exact in fp32, in (0, 1), never 0
+// or 1.
+DETLOGP_HD float uniform_of_word(uint32_t x) {
+  const uint32_t odd = 2u * (x >> 9) + 1u;                  // < 2^24: exact as a float
   return static_cast<float>(odd) * 5.9604644775390625e-8f;  // 2^-24, exact
+}
+
+// The uniform of vocabulary id `id` at (seed, position).
+DETLOGP_HD float sample_uniform(uint64_t seed, uint64_t position, uint32_t id) {
+  return uniform_of_word(sample_word(seed, position, id));
 }
 
 // Bounds of the noise -det_log(-det_log(u)) over every u the generator gives (from -2.81 at
@@ -59,6 +70,12 @@ DETLOGP_HD float sample_uniform(uint64_t seed, uint64_t position, uint32_t id) {
 // cannot reach the best one without computing it (the bits are those of the full scan).
 inline constexpr float kGumbelNoiseMin = -3.0f;
 inline constexpr float kGumbelNoiseMax = 17.0f;
+
+// The noise -det_log(-det_log(u)) is nondecreasing in x >> 9 (the unit tests check every
+// value), so the noise of the last value of a bucket of consecutive x >> 9 bounds the bucket's:
+// a scan may skip an id whose key, with its bucket's bound, cannot reach the best, without the
+// two det_log. Buckets of 2^11 values of x >> 9: bucket x >> kNoiseBucketShift of word x.
+inline constexpr int kNoiseBucketShift = 20;
 
 // The Gumbel-max key of a scored value z with uniform u: z - det_log(-det_log(u)), fp32 (z plus
 // the standard Gumbel noise -log(-log(u))). The row's token is the id of the largest key.

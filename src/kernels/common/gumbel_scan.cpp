@@ -1,6 +1,7 @@
 #include "kernels/common/gumbel_scan.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,21 @@ struct RowKey {
     return canon::gumbel_key(z, canon::sample_uniform(seed, position, static_cast<uint32_t>(id)));
   }
 };
+
+// Upper bounds of the noise of each bucket of words (canon::kNoiseBucketShift): the noise of
+// the bucket's last value (the noise is nondecreasing in x >> 9).
+constexpr std::size_t kBuckets = std::size_t{1} << (32 - canon::kNoiseBucketShift);
+const std::array<float, kBuckets>& noise_ceilings() {
+  static const std::array<float, kBuckets> table = [] {
+    std::array<float, kBuckets> t{};
+    for (std::size_t b = 0; b < kBuckets; ++b) {
+      const auto last = static_cast<uint32_t>(((b + 1) << canon::kNoiseBucketShift) - 1);
+      t[b] = canon::gumbel_key(0.0f, canon::uniform_of_word(last));
+    }
+    return t;
+  }();
+  return table;
+}
 
 // Offers (key, z, id) to `best`; ids arrive in ascending order, so an equal key keeps the
 // earlier (lower) id.
@@ -92,12 +108,25 @@ void shard_draws(const LogitsView& shard, const ShardSpec& spec, const DrawRows&
     // never skipped (every comparison with it is false).
     float m = -canon::kInf;
     for (int64_t c = 0; c < real_cols; ++c) m = std::max(m, z[static_cast<std::size_t>(c)]);
+    // Past that, an id whose key cannot reach the bar with its bucket's noise bound skips the
+    // two det_log.
     float bar = key.greedy ? m : m + canon::kGumbelNoiseMin;
-    const float reach = key.greedy ? 0.0f : canon::kGumbelNoiseMax;
+    if (key.greedy) {
+      for (int64_t c = 0; c < real_cols; ++c) {
+        const float zc = z[static_cast<std::size_t>(c)];
+        if (!(zc < bar)) offer(best, zc, zc, begin + c);
+      }
+      out[ri] = best;
+      return;
+    }
+    const std::array<float, kBuckets>& ceiling = noise_ceilings();
     for (int64_t c = 0; c < real_cols; ++c) {
       const float zc = z[static_cast<std::size_t>(c)];
-      if (zc + reach < bar) continue;
-      offer(best, key(zc, begin + c), zc, begin + c);
+      if (zc + canon::kGumbelNoiseMax < bar) continue;
+      const int64_t id = begin + c;
+      const uint32_t x = canon::sample_word(key.seed, key.position, static_cast<uint32_t>(id));
+      if (zc + ceiling[x >> canon::kNoiseBucketShift] < bar) continue;
+      offer(best, canon::gumbel_key(zc, canon::uniform_of_word(x)), zc, id);
       if (best.key > bar) bar = best.key;
     }
     out[ri] = best;

@@ -166,15 +166,19 @@ TEST(Philox, KnownAnswersOfThePublishedVectors) {
             static_cast<float>(2u * (direct.v[0] >> 9) + 1u) / 16777216.0f);
 }
 
-TEST(Philox, EveryUniformIsInsideZeroOneAndItsNoiseWithinTheBounds) {
+TEST(Philox, EveryUniformIsInsideZeroOneAndItsNoiseNondecreasingWithinTheBounds) {
   // Every value the generator's word can give: x >> 9 takes all 2^23 values.
-  float lo = canon::kInf, hi = -canon::kInf;
+  // The noise is nondecreasing in x >> 9 (the scan's bucket bounds rely on it).
+  float lo = canon::kInf, hi = -canon::kInf, last = -canon::kInf;
   for (uint32_t m = 0; m < (1u << 23); ++m) {
-    const float u = static_cast<float>(2u * m + 1u) * 5.9604644775390625e-8f;
+    const float u = canon::uniform_of_word(m << 9 | (m & 0x1ff));
+    ASSERT_EQ(u, static_cast<float>(2u * m + 1u) * 5.9604644775390625e-8f);
     ASSERT_GT(u, 0.0f);
     ASSERT_LT(u, 1.0f);
     const float noise = canon::gumbel_key(0.0f, u);  // -det_log(-det_log(u))
     ASSERT_TRUE(std::isfinite(noise)) << "u = " << u;
+    ASSERT_GE(noise, last) << "u = " << u;
+    last = noise;
     lo = std::min(lo, noise);
     hi = std::max(hi, noise);
   }
