@@ -56,22 +56,36 @@ class SampleOutput(NamedTuple):
     top_logprobs: object
 
 
+def _bits64(value, name):
+    """A Python integer in [-2^63, 2^64) as the int64 with its 64 bits (a seed is its bits)."""
+    if not -2**63 <= value < 2**64:
+        raise LogprobContractError(
+            f"{name} value {value} does not fit in 64 bits; pass an integer in [-2^63, 2^64)")
+    return value - 2**64 if value >= 2**63 else value
+
+
 def _per_row_ints(value, name, rows):
     """``seeds`` / ``positions``: an int (every row's) or a 1-D integer tensor / array / list,
-    as contiguous int64 NumPy (lengths and values are checked by the C++ call, field ``name``)."""
+    as contiguous int64 NumPy with each value's 64 bits (uint64 values above 2^63 wrap: a seed
+    is its bits; a position that large is negative and refused by the C++ call, which checks
+    lengths and values, field ``name``)."""
     if not is_tensor(value) and not isinstance(value, np.ndarray) and is_int(value):
-        return np.full(rows, int(value), dtype=np.int64)
+        return np.full(rows, _bits64(int(value), name), dtype=np.int64)
     if is_tensor(value):
         if value.dtype.is_floating_point or value.dtype.is_complex or \
                 value.dtype == torch_module().bool:
             raise LogprobContractError(f"{name} must hold integers; got dtype {value.dtype}")
         value = value.detach().to(device="cpu", dtype=torch_module().int64).numpy()
+    elif isinstance(value, (list, tuple)) and all(is_int(v) for v in value):
+        value = np.array([_bits64(int(v), name) for v in value], dtype=np.int64)
     a = np.asarray(value)
     if a.dtype.kind not in "iu" and a.size:
         raise LogprobContractError(f"{name} must hold integers; got dtype {a.dtype}")
     if a.ndim != 1:
         raise LogprobContractError(f"{name} must be 1-D [rows] (one per row); got shape "
                                    f"{a.shape}")
+    if a.dtype == np.uint64:
+        return np.ascontiguousarray(a).view(np.int64)
     return np.ascontiguousarray(a, dtype=np.int64)
 
 

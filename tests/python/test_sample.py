@@ -5,6 +5,7 @@ logprobs, greedy rows, a row alone equal to the row in a batch and any row order
 shapes, bad inputs named with the fix; at TP=3 over gloo with vLLM's unaligned bounds every
 output equal to TP=1, ranks that disagree or hold a bad input fail together."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,6 +117,27 @@ def test_bad_inputs_name_the_field_and_the_value(edit, field, says):
     with pytest.raises(detlogp.LogprobContractError, match=says) as info:
         detlogp.sample(x, s, pos, **kw)
     assert info.value.field == field
+
+
+def test_a_seed_is_its_64_bits():
+    x, _, positions, _ = _problem()
+    big = 2**64 - 5  # a uint64 seed: the int64 with the same bits
+    a = detlogp.sample(x, big, positions)
+    b = detlogp.sample(x, torch.full((ROWS,), -5), positions)
+    c = detlogp.sample(x, [big] * ROWS, positions)
+    d = detlogp.sample(x, np.full(ROWS, big, dtype=np.uint64), positions)
+    for other in (b, c, d):
+        assert torch.equal(a.tokens, other.tokens)
+    with pytest.raises(detlogp.LogprobContractError, match="does not fit in 64 bits"):
+        detlogp.sample(x, 2**64, positions)
+
+
+def test_rows_with_nan_logits_fail():
+    x, seeds, positions, _ = _problem()
+    x[3, 10] = float("nan")
+    with pytest.raises(detlogp.LogprobContractError, match="non-finite logsumexp") as info:
+        detlogp.sample(x, seeds, positions)
+    assert info.value.field == "local_logits"
 
 
 def test_python_side_type_errors():
