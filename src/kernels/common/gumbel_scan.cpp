@@ -102,14 +102,14 @@ void shard_draws(const LogitsView& shard, const ShardSpec& spec, const DrawRows&
     std::vector<float>& z = scratch[static_cast<std::size_t>(worker)];
     z.resize(static_cast<std::size_t>(real_cols));
     scored_row(shard, spec, r, real_cols, z.data());
-    // No key can exceed z + kGumbelNoiseMax, and the row's largest z, M, has a key of at least
-    // M + kGumbelNoiseMin (rounding is monotonic): an id with z + kGumbelNoiseMax below the best
-    // key so far, or below M + kGumbelNoiseMin, cannot be drawn and is skipped. A NaN z is
-    // never skipped (every comparison with it is false).
+    // Ids that cannot be drawn are skipped, with the result of computing every key: no key
+    // exceeds z + kGumbelNoiseMax and the row's largest z, M, has a key of at least
+    // M + kGumbelNoiseMin (rounding is monotonic), so an id whose z + kGumbelNoiseMax is below
+    // the bar (that, then the best key so far) cannot win; nor can one whose z plus its noise
+    // bucket's bound is below it (its two det_log are not computed). A NaN z is never skipped
+    // (every comparison with it is false). A greedy row's key is z itself: the bar is M.
     float m = -canon::kInf;
     for (int64_t c = 0; c < real_cols; ++c) m = std::max(m, z[static_cast<std::size_t>(c)]);
-    // Past that, an id whose key cannot reach the bar with its bucket's noise bound skips the
-    // two det_log.
     float bar = key.greedy ? m : m + canon::kGumbelNoiseMin;
     if (key.greedy) {
       for (int64_t c = 0; c < real_cols; ++c) {
