@@ -1,12 +1,12 @@
 // The sampler (detlogp/sampler.hpp, docs/numerics.md "Sampling"): Philox4x32-10 against the
 // published known answers, the uniform and the Gumbel noise over every generator output; the
 // tokens and every output the same bits at TP 1 .. 8 with vLLM's unaligned bounds, Megatron's
-// and uneven ones, whatever the batch composition, row order, thread count and kernels; the
-// token the draw's scalar definition gives (every key computed, no skipping); logp and
-// full_logp bitwise the operator's forward of the tokens (kept sets recomputed, or the full
-// vocabulary), top-N the ranking's first ids with the operator's logp; greedy rows; tokens inside
-// their kept sets; frequencies over many positions that match softmax(z) (with temperature and
-// top-k); bad inputs and disagreeing ranks fail on every rank, never hang.
+// and uneven ones, ranks with no columns or only padding, whatever the batch composition, row
+// order, thread count and kernels; the token the draw's scalar definition gives (every key
+// computed, no skipping); logp and full_logp bitwise the operator's forward of the tokens (kept
+// sets recomputed, or the full vocabulary), top-N the ranking's first ids with the operator's logp;
+// greedy rows; tokens inside their kept sets; frequencies over many positions that match softmax(z)
+// (with temperature and top-k); bad inputs and disagreeing ranks fail on every rank, never hang.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -45,6 +45,10 @@ std::vector<std::pair<std::string, Layout>> layouts() {
   out.push_back({"Megatron TP 2", padded_layout(kReal, 2, 128)});
   out.push_back({"Megatron TP 4", padded_layout(kReal, 4, 128)});
   out.push_back({"uneven TP 3", uneven_layout(kReal, {1, 5, 2}, 128)});
+  // A rank with no columns, a rank holding one real column and padding; a rank of padding only.
+  out.push_back(
+      {"empty rank TP 4", Layout{kReal, 1024, {{0, 0}, {0, 500}, {500, 999}, {999, 1024}}}});
+  out.push_back({"padding rank TP 2", Layout{kReal, 1024, {{0, 1000}, {1000, 1024}}}});
   return out;
 }
 
@@ -356,6 +360,29 @@ TEST(Sampler, ThreadsAndKernelsDoNotChangeTheBits) {
   for (const std::string& target : simd_targets()) {
     const VocabParallelLogprob t(simd_kernels_for(target), "test-" + target);
     expect_same(a, run_sample(t, logits, layout, copt, two)[0], target);
+  }
+}
+
+TEST(Sampler, InactiveRowsAreDrawnAndScoredZeroAsTheOperatorScoresThem) {
+  const VocabParallelLogprob op(simd_kernels(), "test-simd");
+  const Rows rows = mixed_rows();
+  const Layout layout = vllm_layout(kReal, 3);
+  const FullLogits logits = make_logits(DType::fp32, kRows, kReal, layout.padded, 23, 3.0f);
+  std::vector<bool> active(kRows, true);
+  for (int64_t r : {1, 2, 7}) active[static_cast<std::size_t>(r)] = false;
+  const SampleResult all = run_sample(op, logits, layout, {}, options_of(rows, 2))[0];
+  const SampleResult some =
+      run_sample(op, logits, layout, {.active = active}, options_of(rows, 2))[0];
+  EXPECT_EQ(all.tokens, some.tokens);
+  EXPECT_EQ(all.kept_ids, some.kept_ids);
+  EXPECT_EQ(all.top_ids, some.top_ids);
+  for (int64_t r = 0; r < kRows; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    const bool on = active[ur];
+    EXPECT_EQ(canon::bits_of(some.logp[ur]), on ? canon::bits_of(all.logp[ur]) : 0u);
+    EXPECT_EQ(canon::bits_of(some.full_logp[ur]), on ? canon::bits_of(all.full_logp[ur]) : 0u);
+    EXPECT_EQ(canon::bits_of(some.top_logp[2 * ur]),
+              on ? canon::bits_of(all.top_logp[2 * ur]) : 0u);
   }
 }
 
