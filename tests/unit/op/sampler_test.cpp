@@ -5,8 +5,9 @@
 // order, thread count and kernels; the token the draw's scalar definition gives (every key
 // computed, no skipping); logp and full_logp bitwise the operator's forward of the tokens (kept
 // sets recomputed, or the full vocabulary), top-N the ranking's first ids with the operator's logp;
-// greedy rows; tokens inside their kept sets; frequencies over many positions that match softmax(z)
-// (with temperature and top-k); bad inputs and disagreeing ranks fail on every rank, never hang.
+// greedy rows; inactive rows (+0, as the operator); tokens inside their kept sets; frequencies over
+// many positions that match softmax(z) (with temperature and top-k); bad inputs and disagreeing
+// ranks fail on every rank, never hang.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
