@@ -134,17 +134,17 @@ class CallCache:
             return self._contracts.weight
 
     def contract(self, key, active, ignore_index, make_sharding, dtype, temperature, tile_width,
-                 reduction, softcap=None):
+                 reduction, softcap=None, role="train"):
         """The contract of ``key`` (built on a miss from the uint8 ``active`` mask and
-        ``make_sharding()``). The key holds no mask (a digest of it), and what is kept is the
-        contract alone, holding its mask once."""
+        ``make_sharding()``; ``role``: "train", or "infer" for the sampler). The key holds no mask
+        (a digest of it), and what is kept is the contract alone, holding its mask once."""
         with self._lock:
             found = self._contracts.get(key)
             self.stats["contract_hits" if found is not None else "contract_misses"] += 1
         if found is not None:
             return found
         mask = MaskSpec._from_cpp(_detlogp.mask_spec_from_bytes(active, ignore_index))
-        contract = LogprobContract(role="train", dtype=dtype, mask=mask, sharding=make_sharding(),
+        contract = LogprobContract(role=role, dtype=dtype, mask=mask, sharding=make_sharding(),
                                    reduction=reduction, tile_width=tile_width,
                                    temperature=temperature, softcap=softcap)
         contract = contract._sharing_mask()

@@ -177,7 +177,7 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=None, top_p=None,
             contract = DEFAULT_CACHE.contract(
                 key, np.ones(rows, dtype=np.uint8), _NO_IGNORE,
                 lambda: _sharding(rank, tp, bounds, real, padded), dtype, 1.0, None,
-                ReductionSpec(), cap)
+                ReductionSpec(), cap, role="infer")
             dispatch = DEFAULT_CACHE.op(key + ("cpu",),
                                         lambda: get_logprob_op(contract, "auto", platform="cpu"))
             op = dispatch.op
