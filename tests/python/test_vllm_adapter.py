@@ -211,10 +211,13 @@ def test_greedy_rows_take_the_first_argmax_at_temperature_one():
     assert_bitwise(out.logprobs_tensors.logprobs[:, 0],
                    vocab_parallel_logprobs(logits, tokens, group=SELF), "greedy logprobs")
     assert torch.equal(out.logprobs_tensors.selected_token_ranks, torch.full((4,), 2))
-    # vLLM's greedy threshold: a temperature below 1e-5 is greedy
-    tiny = [(1, 5e-6, 0, 1.0, 0), (2, 1.0, 0, 1.0, 0)]
-    out = DetlogpSampler(outputs=vs)(logits[:2], metadata(tiny))
-    assert int(out.sampled_token_ids[0]) == 103
+    # vLLM's greedy rule: a temperature below 1e-5 (its input batch stores greedy rows' as 0
+    # or -1)
+    tiny = [(1, 5e-6, 0, 1.0, 0), (2, -1.0, 0, 1.0, 0), (3, 1.0, 0, 1.0, 0)]
+    sampler = DetlogpSampler(outputs=vs)
+    out = sampler(logits[:3], metadata(tiny))
+    assert out.sampled_token_ids.view(-1)[:2].tolist() == [103, 103]
+    assert sampler.last.temperature.tolist() == [0.0, 0.0, 1.0]
 
 
 def test_seeds_positions_and_their_sources():
