@@ -112,8 +112,13 @@ class DetlogpSampler(torch.nn.Module):
 
     def _output_types(self):
         if self.outputs is None:
-            from vllm.v1 import outputs  # vLLM's own classes, where it is installed
-
+            try:
+                from vllm.v1 import outputs  # vLLM's own classes, where it is installed
+            except ImportError as e:
+                raise ImportError(
+                    f"DetlogpSampler returns vLLM's SamplerOutput from vllm.v1.outputs, which "
+                    f"cannot be imported here ({e}); run it in a vLLM worker, or pass outputs= "
+                    "(a namespace with SamplerOutput and LogprobsTensors)") from e
             self.outputs = outputs
         return self.outputs
 

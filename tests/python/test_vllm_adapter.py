@@ -288,3 +288,14 @@ def test_inactive_builtin_processors_are_accepted_and_bad_modes_refused():
         DetlogpSampler(logprobs_mode="processed_logits")
     with pytest.raises(LogprobContractError, match="one value per logits row"):
         run(logits, REQUESTS[:2], temperature=torch.tensor([1.0, 1.0, 1.0]))
+
+
+def test_without_vllm_the_outputs_must_be_given():
+    """vLLM is not a test dependency: where it is absent, the error says what to pass."""
+    try:
+        import vllm.v1.outputs  # noqa: F401
+        pytest.skip("vLLM is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="pass outputs="):
+        DetlogpSampler()(logits_of(2), metadata(REQUESTS[:2]))
