@@ -91,13 +91,11 @@ class DetlogpSampler(torch.nn.Module):
         if override is None:
             override = getattr(md, "logprobs_mode_override", None)
         modes = meta.logprobs_modes(self.logprobs_mode, override, rows) if n is not None else []
-        # The ranking's top n are the processed mode's; the raw mode ranks at temperature 1.
-        top_n = n if "processed_logprobs" in modes else 0
         x = logits.detach()
         if x.device.type != "cpu":  # detlogp.sample reads host memory: one copy, here
             x = x.cpu()
         out = sample(x, seeds, pos, temperature=temperature, top_k=top_k, top_p=top_p,
-                     group=SelfComm(), num_logprobs=top_n, threads=self.threads)
+                     group=SelfComm(), num_logprobs=n or 0, threads=self.threads)
         self.last = LastBatch(out, seeds, pos, temperature, top_k, top_p)
         types = self._output_types()
         tensors = None
@@ -131,7 +129,7 @@ def _logprobs_tensors(logits, out, temperature, n, modes, threads):
     if "processed_logprobs" in modes:
         parts["processed_logprobs"] = _processed(logits, out, temperature, n, threads)
     if "raw_logprobs" in modes:
-        parts["raw_logprobs"] = _raw(logits, out, n, threads)
+        parts["raw_logprobs"] = _raw(logits, out, temperature, n, threads)
     pick = torch.tensor([m == "raw_logprobs" for m in modes], dtype=torch.bool)
     if len(parts) == 1:
         return next(iter(parts.values()))
@@ -146,66 +144,94 @@ def _scoring_temperature(temperature):
     return torch.where(temperature == 0, torch.ones_like(temperature), temperature)
 
 
-def _scored(logits, temperature):
-    """The canon's scored values z of the real columns in fp32 (the widened logits divided by
-    the row's scoring temperature), for comparisons only: exact (IEEE division)."""
-    return logits.to(torch.float32) / _scoring_temperature(temperature).view(-1, 1)
+def _restricted(kept, rows):
+    """bool [rows]: the rows with a kept set (``kept`` [rows, W]: an unrestricted row is all
+    -1; W = 0 or None: no row)."""
+    if kept is None or kept.shape[1] == 0:
+        return torch.zeros(rows, dtype=torch.bool)
+    return kept[:, 0] >= 0
 
 
-def _count_at_least(z, tokens, among=None):
-    """vLLM's rank of each row's token: how many ids (of ``among`` [rows, W], -1 padded, or
-    every column) score at least as high."""
-    zt = z.gather(1, tokens.view(-1, 1))
-    if among is None:
-        return (z >= zt).sum(1)
-    ok = among >= 0
-    zk = z.gather(1, among.clamp(min=0))
-    return ((zk >= zt) & ok).sum(1)
+def _ranks(logits, t, tokens, kept=None):
+    """vLLM's rank of each row's token: how many ids score at least as high (z = the widened
+    logits / t, exact IEEE division as the canon's): among the row's kept set where ``kept``
+    [rows, W] (-1 padded) restricts it, else among every column."""
+    t = t.view(-1, 1)
+    zt = logits.gather(1, tokens.view(-1, 1)).to(torch.float32) / t
+    ranks = torch.empty(len(tokens), dtype=torch.int64)
+    cut = _restricted(kept, len(tokens))
+    full, sub = (~cut).nonzero().view(-1), cut.nonzero().view(-1)
+    if len(full):
+        ranks[full] = (logits[full].to(torch.float32) / t[full] >= zt[full]).sum(1)
+    if len(sub):
+        k = kept[sub]
+        zk = logits[sub].gather(1, k.clamp(min=0)).to(torch.float32) / t[sub]
+        ranks[sub] = ((zk >= zt[sub]) & (k >= 0)).sum(1)
+    return ranks
+
+
+def _first_ids(z, n):
+    """Each row's first n ids of the ranking of ``z`` (descending, then id ascending, NaN
+    first; what a stable descending sort gives) without sorting whole rows: the ids at or above
+    the row's n-th largest value (and any NaN), sorted."""
+    rows = z.shape[0]
+    if n == 0 or rows == 0:
+        return torch.zeros(rows, n, dtype=torch.int64)
+    nth = torch.topk(z, n, dim=1).values[:, -1:]
+    candidates = (z >= nth) | z.isnan()
+    out = []
+    for row in range(rows):
+        ids = candidates[row].nonzero().view(-1)  # ascending
+        order = torch.sort(z[row, ids], descending=True, stable=True).indices[:n]
+        out.append(ids[order])
+    return torch.stack(out)
 
 
 def _each(logits, ids, **kw):
     """``vocab_parallel_logprobs`` of every id of ``ids`` [rows, m] against its row (the
     logits read through a stride-0 view, not copied)."""
     rows, m = ids.shape
-    if m == 0:
-        return torch.zeros(rows, 0, dtype=torch.float32)
+    if m == 0 or rows == 0:
+        return torch.zeros(rows, m, dtype=torch.float32)
     x = logits.unsqueeze(1).expand(rows, m, logits.shape[1])
     return vocab_parallel_logprobs(x, ids, group=SelfComm(), **kw)
 
 
 def _processed(logits, out, temperature, n, threads):
     """vLLM's processed logprobs: after temperature, renormalised over the kept set. The top n
-    are the ranking's first n (a kept set is a prefix of the ranking); ids past a row's kept set
-    score -inf, as vLLM's masked logits do."""
-    tokens = out.tokens
+    are the ranking's first n (a kept set is a prefix of the ranking), with the sampler's
+    logprobs on unrestricted rows; ids past a row's kept set score -inf, as vLLM's masked
+    logits do."""
+    tokens, kept = out.tokens, out.kept
     t = _scoring_temperature(temperature)
-    top_ids, top_lp = out.top_ids[:, :n], out.top_logprobs[:, :n].clone()
-    kept = out.kept
-    restricted = kept[:, 0] >= 0 if kept.shape[1] else torch.zeros(len(tokens), dtype=torch.bool)
-    z = _scored(logits, temperature)
-    ranks = _count_at_least(z, tokens)
-    rows = restricted.nonzero().view(-1)
+    top_ids, top_lp = out.top_ids, out.top_logprobs.clone()
+    rows = _restricted(kept, len(tokens)).nonzero().view(-1)
     if len(rows):
         sub = kept[rows]
-        ranks[rows] = _count_at_least(z[rows], tokens[rows], sub)
-        m = top_ids.shape[1]
         top_lp[rows] = _each(logits[rows], top_ids[rows],
-                             temperature=t[rows].view(-1, 1).expand(len(rows), m).contiguous(),
-                             kept_ids=sub.unsqueeze(1).expand(len(rows), m, sub.shape[1]),
+                             temperature=t[rows].view(-1, 1).expand(len(rows), n).contiguous(),
+                             kept_ids=sub.unsqueeze(1).expand(len(rows), n, sub.shape[1]),
                              outside_kept="neg_inf", threads=threads)
     ids = torch.cat([tokens.view(-1, 1), top_ids], 1)
     lps = torch.cat([out.logprobs.view(-1, 1), top_lp], 1)
-    return ids, lps, ranks
+    return ids, lps, _ranks(logits, t, tokens, kept)
 
 
-def _raw(logits, out, n, threads):
-    """vLLM's raw logprobs: full-vocabulary, of the logits as given (temperature 1). The top n
-    by the ranking at temperature 1 (logits descending, then id ascending: a stable sort)."""
+def _raw(logits, out, temperature, n, threads):
+    """vLLM's raw logprobs: full-vocabulary, of the logits as given (temperature 1), the top n
+    by the ranking at temperature 1. Rows scored at temperature 1 take the sampler's own
+    (``full_logprobs``, ``top_ids``, ``top_logprobs``: the same calls); the others are scored
+    here."""
     tokens = out.tokens
-    token_lp = vocab_parallel_logprobs(logits, tokens, group=SelfComm(), threads=threads)
-    z = logits.to(torch.float32)
-    top_ids = torch.sort(z, dim=1, descending=True, stable=True).indices[:, :n]
-    top_lp = _each(logits, top_ids, threads=threads)
+    token_lp, top_ids, top_lp = out.full_logprobs.clone(), out.top_ids.clone(), \
+        out.top_logprobs.clone()
+    rows = (_scoring_temperature(temperature) != 1).nonzero().view(-1)
+    if len(rows):
+        x = logits[rows]
+        token_lp[rows] = vocab_parallel_logprobs(x, tokens[rows], group=SelfComm(),
+                                                 threads=threads)
+        top_ids[rows] = _first_ids(x.to(torch.float32), n)
+        top_lp[rows] = _each(x, top_ids[rows], threads=threads)
     ids = torch.cat([tokens.view(-1, 1), top_ids], 1)
     lps = torch.cat([token_lp.view(-1, 1), top_lp], 1)
-    return ids, lps, _count_at_least(z, tokens)
+    return ids, lps, _ranks(logits, torch.ones(len(tokens)), tokens)

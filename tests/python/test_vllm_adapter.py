@@ -299,3 +299,15 @@ def test_without_vllm_the_outputs_must_be_given():
         pass
     with pytest.raises(ImportError, match="pass outputs="):
         DetlogpSampler()(logits_of(2), metadata(REQUESTS[:2]))
+
+
+def test_raw_top_n_among_many_ties_is_the_stable_ranking():
+    g = torch.Generator().manual_seed(10)
+    logits = torch.randint(-4, 4, (len(REQUESTS), VOCAB), generator=g).to(torch.float32)
+    out, _ = run(logits, REQUESTS, mode="raw_logprobs", num_logprobs=17)
+    top = torch.sort(logits, dim=1, descending=True, stable=True).indices[:, :17]
+    lt = out.logprobs_tensors
+    assert torch.equal(lt.logprob_token_ids[:, 1:].long(), top)
+    tokens = lt.logprob_token_ids[:, 0].long()
+    assert torch.equal(lt.selected_token_ranks,
+                       (logits >= logits.gather(1, tokens.view(-1, 1))).sum(1))
