@@ -74,6 +74,18 @@ struct DriftOptions {
   bool json = false;
 };
 
+// `detlogp rollout`: sampled at vLLM's layout, scored at Megatron's (rollout_command.cpp).
+struct RolloutOptions {
+  int64_t rows = 256;
+  int64_t real_vocab = 151936;
+  std::string dtype = "bf16";
+  std::string pairs = "3:1,4:2";  // ROLLOUT_TP:TRAIN_TP, comma-separated
+  uint64_t batch_key = 2026;
+  int threads = 0;
+  double collective_timeout = kDefaultCollectiveTimeoutSeconds;
+  bool json = false;
+};
+
 struct BenchOptions {
   int64_t tokens = 1024;
   int64_t real_vocab = 151936;
@@ -93,6 +105,7 @@ int run_mpi_command(const RunOptions& options, int* argc, char*** argv);  // DET
 int logprob_command(const LogprobOptions& options);
 int drift_command(const DriftOptions& options);
 int bench_command(const BenchOptions& options);
+int rollout_command(const RolloutOptions& options);
 
 // Total threads: `requested`, or every hardware thread when 0.
 int resolve_threads(int requested);

@@ -123,6 +123,20 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   app.add_flag("--json", o.json, "print JSON");
 }
 
+void add_rollout(CLI::App& app, RolloutOptions& o) {
+  add_defaulted(app, "--rows", o.rows, "rows (one sampled token each)");
+  add_defaulted(app, "--real-vocab", o.real_vocab, "real (tokenizer) vocabulary");
+  add_defaulted(app, "--dtype", o.dtype, "logits dtype: bf16, fp16 or fp32");
+  add_defaulted(app, "--pairs", o.pairs,
+                "ROLLOUT_TP:TRAIN_TP pairs, comma-separated: sampled at vLLM's layout at "
+                "ROLLOUT_TP, scored at Megatron's at TRAIN_TP (in-process groups)");
+  add_defaulted(app, "--batch-key", o.batch_key, "key of the synthetic logits and requests");
+  add_defaulted(app, "--threads", o.threads, "threads in total (0: all)");
+  add_defaulted(app, "--collective-timeout", o.collective_timeout,
+                "seconds a rank waits in one collective for the others (0: no limit)");
+  app.add_flag("--json", o.json, "print one JSON object instead of the table");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,19 +149,24 @@ int main(int argc, char** argv) {
   LogprobOptions logprob_opts;
   DriftOptions drift_opts;
   BenchOptions bench_opts;
+  RolloutOptions rollout_opts;
   CLI::App* run = app.add_subcommand(
       "run", "the main job: a synthetic Qwen3-shaped batch at TP 1, 2, 4, checked bitwise");
   CLI::App* logprob = app.add_subcommand("logprob", "logprobs (and gradients) of tensor files");
   CLI::App* drift = app.add_subcommand("drift", "drift report of two logprob files");
   CLI::App* bench = app.add_subcommand("bench", "benchmarks of the CPU (or --device cuda) backend");
+  CLI::App* rollout = app.add_subcommand(
+      "rollout",
+      "tokens sampled at vLLM's layout, scored at Megatron's: logprobs compared bitwise");
   CLI::App* version_cmd = app.add_subcommand("version", "print the version");
-  for (CLI::App* sub : {run, logprob, drift, bench}) {
+  for (CLI::App* sub : {run, logprob, drift, bench, rollout}) {
     sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
   add_run(*run, run_opts);
   add_logprob(*logprob, logprob_opts);
   add_drift(*drift, drift_opts);
   add_bench(*bench, bench_opts);
+  add_rollout(*rollout, rollout_opts);
 
   try {
     app.parse(argc, argv);
@@ -183,6 +202,10 @@ int main(int argc, char** argv) {
     if (drift->parsed()) {
       command = "detlogp drift";
       return drift_command(drift_opts);
+    }
+    if (rollout->parsed()) {
+      command = "detlogp rollout";
+      return rollout_command(rollout_opts);
     }
     if (bench->parsed()) {
       command = "detlogp bench";
