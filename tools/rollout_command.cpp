@@ -27,6 +27,7 @@
 #include "detlogp/dtype.hpp"
 #include "detlogp/sampler.hpp"
 #include "digest.hpp"
+#include "run_checks.hpp"
 #include "scoring.hpp"
 #include "synthetic.hpp"
 #include "table.hpp"
@@ -314,7 +315,15 @@ int rollout_command(const RolloutOptions& o) {
     b.stride = std::max({b.stride, vllm_layout(o.real_vocab, p.rollout_tp).padded_vocab_size,
                          megatron_bounds(o.real_vocab, p.train_tp).padded_vocab_size});
   }
-  b.logits.resize(static_cast<std::size_t>(o.rows * b.stride) * dtype_size(b.spec.dtype));
+  // The logits: refused up front when they cannot fit, rather than a std::bad_alloc.
+  const RunBuffer buffers[] = {{.name = "the logits",
+                                .rows = static_cast<std::uint64_t>(o.rows),
+                                .cols = static_cast<std::uint64_t>(b.stride),
+                                .element_size = dtype_size(b.spec.dtype)}};
+  const std::uint64_t bytes = require_run_memory(
+      buffers, fmt::format("--rows {} x {} columns of {}", o.rows, b.stride, o.dtype),
+      "use fewer --rows");
+  b.logits.resize(static_cast<std::size_t>(bytes));
   fill_logits(b.spec, 0, o.rows, 0, b.stride, b.logits.data(), b.stride, b.threads);
 
   std::vector<PairingRun> runs;

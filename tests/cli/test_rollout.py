@@ -53,3 +53,5 @@ def test_bad_pairs(pairs):
 def test_bad_rows():
     p = run_cli("rollout", "--rows", 0)
     assert p.returncode == 2 and "--rows" in p.stderr
+    p = run_cli("rollout", "--rows", 10**12)  # refused before anything is allocated
+    assert p.returncode == 2 and "use fewer --rows" in p.stderr, p.stderr
