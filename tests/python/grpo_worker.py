@@ -208,6 +208,24 @@ def rows_differ(a, b):
     return int((a != b).any(1).sum())
 
 
+def oracle_excess(logits, targets, t_tok, logp, r_idx, kept):
+    """The largest |logp - float64 oracle| over its bound (docs/numerics.md, "Accuracy of
+    logp" and "Kept sets": 1e-5 + 4e-6 |LSE| + half an ulp of LSE and of logp, here bounded by
+    1e-5 + 5e-6 (|LSE| + |logp|)), the oracle the log-softmax of each token's scored values
+    (fp32 logits / temperature, then float64) over its kept set or the real vocabulary."""
+    import torch
+
+    z = (logits[:, :V].float() / t_tok[:, None]).double()
+    if kept is not None:
+        keep = torch.zeros(len(r_idx), V + 1, dtype=torch.bool)
+        keep.scatter_(1, torch.where(kept >= 0, kept, V), True)
+        z[r_idx] = z[r_idx].masked_fill(~keep[:, :V], float("-inf"))
+    lse = torch.logsumexp(z, -1)
+    oracle = z.gather(1, targets[:, None])[:, 0] - lse
+    bound = 1e-5 + 5e-6 * (lse.abs() + oracle.abs())
+    return float(((logp.double() - oracle).abs() / bound).max())
+
+
 def train(pol, rec, config, params, it, tp, comm, rank):
     """One trainer step at Megatron's layout: the logprobs of the rollout's tokens (restricted
     rows: kept sets recomputed by top_k / top_p on even iterations, the rollout's replayed as
@@ -252,6 +270,9 @@ def train(pol, rec, config, params, it, tp, comm, rank):
         logp = logp.index_put((r_idx,), lp)
     with torch.no_grad():
         full = dt.vocab_parallel_logprobs(logits.detach(), targets, temperature=t_tok, **kw)
+    if tp == 1:
+        got["oracle_excess"] = oracle_excess(logits.detach(), targets, t_tok, logp.detach(),
+                                             r_idx, given if len(r_idx) else None)
     # GRPO: per-request reward (the share of tokens in the first quarter of the vocabulary),
     # advantages normalised within each prompt's group, the clipped ratio to the rollout.
     reward = (tokens < V // 4).float().mean(1).reshape(PROMPTS, SAMPLES)
@@ -331,7 +352,7 @@ def run_loop(loop, tp_rollout, config, rank, comms, groups):
     counts = {"tokens": 0, "iterations": 0, "updates_differ": 0, "rollout_ranks_differ": 0,
               "ratio_not_one": 0, "kept_differ": 0, "plain": 0, "plain_mm": 0,
               "restricted_tokens": 0, "recomputed_tokens": 0, "replayed_tokens": 0,
-              "greedy_tokens": 0}
+              "greedy_tokens": 0, "oracle_excess": 0.0}
     for tp_train in (1, 2):
         for what in ("logp", "full"):
             counts[f"tp{tp_train} {what}"] = 0
@@ -372,6 +393,7 @@ def run_loop(loop, tp_rollout, config, rank, comms, groups):
         dist.all_reduce(ranks_differ)
         counts["rollout_ranks_differ"] += int(ranks_differ)
         counts["updates_differ"] += differ(tp1["grad"], tp2["grad"])
+        counts["oracle_excess"] = max(counts["oracle_excess"], tp1["oracle_excess"])
         for tp_train, res in ((1, tp1), (2, tp2)):
             counts[f"tp{tp_train} logp"] += differ(res["logp"], rec["logp"])
             counts[f"tp{tp_train} full"] += differ(res["full"], rec["full_logp"])
