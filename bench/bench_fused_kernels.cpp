@@ -3,8 +3,9 @@
 // hidden rows against `tiles` tiles of `cols` weight rows, each tile's weight rows fresh from
 // memory), timed in CPU seconds of the calling thread, so that a loaded machine slows the
 // figures less than it slows wall time. One thread; best of `reps`. One JSON object on stdout.
-// For an A/B, run two builds alternately; dot_tile_unblocked_gflops_cpu is the tile without
-// AVX2's k blocking (the same function as dot_tile on other targets), in the same run.
+// For an A/B, run two builds alternately; in the same run, dot_tile_unblocked_gflops_cpu is the
+// tile without AVX2's k blocking and dot_tile_halves_gflops_cpu AVX2's tile before the lane
+// GEMM (both the same function as dot_tile on other targets).
 //
 //   bench_fused_kernels --rows 32 --cols 128 --hidden 4096 --tiles 20
 #include <time.h>
@@ -83,6 +84,12 @@ int main(int argc, char** argv) {
                              hidden, z.data(), cols);
     }
   });
+  const double halves_s = best_cpu_seconds(reps, [&] {
+    for (int64_t t = 0; t < tiles; ++t) {
+      ops.dot_tile_halves(x.data(), hidden, rows, w.data() + t * cols * hidden, hidden, cols,
+                          hidden, z.data(), cols);
+    }
+  });
   // grad_hidden: [rows, H] from the tile's [cols, H] weight rows; grad_weight: the tile's
   // [cols, H] rows continued over the block's tokens.
   const double hidden_s = best_cpu_seconds(reps, [&] {
@@ -100,10 +107,11 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"fused_kernels\", \"kernel\": \"%s\", \"rows\": %lld, \"cols\": %lld, "
       "\"hidden\": %lld, \"tiles\": %lld, \"dot_tile_gflops_cpu\": %.2f, "
-      "\"dot_tile_unblocked_gflops_cpu\": %.2f, "
+      "\"dot_tile_unblocked_gflops_cpu\": %.2f, \"dot_tile_halves_gflops_cpu\": %.2f, "
       "\"chain_hidden_gflops_cpu\": %.2f, \"chain_weight_gflops_cpu\": %.2f}\n",
       ops.name.c_str(), static_cast<long long>(rows), static_cast<long long>(cols),
       static_cast<long long>(hidden), static_cast<long long>(tiles), flop / dot_s / 1e9,
-      flop / unblocked_s / 1e9, flop / hidden_s / 1e9, flop / weight_s / 1e9);
+      flop / unblocked_s / 1e9, flop / halves_s / 1e9, flop / hidden_s / 1e9,
+      flop / weight_s / 1e9);
   return 0;
 }

@@ -76,17 +76,59 @@ TEST(FusedDotKernels, LongStridedDotTilesMatchTheScalarCanonOnEveryTarget) {
       b[(n - 1) * ldb + j] = 1e-30f;
     }
     for (const DotOps* ops : every_kernel()) {
-      for (DotTileFn tile : {ops->dot_tile, ops->dot_tile_unblocked}) {
+      for (DotTileFn tile : {ops->dot_tile, ops->dot_tile_unblocked, ops->dot_tile_halves}) {
         std::vector<float> out(static_cast<std::size_t>(m * ldo));
         tile(a.data(), lda, m, b.data(), ldb, n, k, out.data(), ldo);
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {
             const float want = canon::canonical_dot(a.data() + i * lda, b.data() + j * ldb, k);
             ASSERT_EQ(bits(want), bits(out[i * ldo + j]))
-                << ops->name << (tile == ops->dot_tile ? "" : " unblocked") << " m=" << m
-                << " n=" << n << " k=" << k << " (" << i << ", " << j << ")";
+                << ops->name
+                << (tile == ops->dot_tile             ? ""
+                    : tile == ops->dot_tile_unblocked ? " unblocked"
+                                                      : " halves")
+                << " m=" << m << " n=" << n << " k=" << k << " (" << i << ", " << j << ")";
           }
         }
+      }
+    }
+  }
+}
+
+TEST(FusedDotKernels, LaneGemmTilesMatchTheScalarCanonOnEveryTarget) {
+  // Tiles of at least 24 rows, 64 columns and 512 elements (AVX2 runs them as one matrix
+  // product per canon lane: hidden rows packed lane-major in panels of 16 rows, weight rows
+  // broadcast in place in blocks of 6, each lane's chains pausing every 32 terms, rows in groups
+  // of 32 and the last few rows on the previous tile): rows around the panels and groups,
+  // columns around the blocks of 6, k around the 16-element chunks, and special values: NaN,
+  // +-inf, products that underflow to -0 over a whole row, -0 inputs.
+  const int64_t shapes[][3] = {{24, 64, 512},   {25, 65, 513},  {29, 71, 527},
+                               {31, 64, 2049},  {32, 128, 512}, {33, 70, 4100},
+                               {47, 100, 1000}, {56, 97, 600},  {30, 66, 1039}};
+  for (const auto& [m, n, k] : shapes) {
+    const int64_t lda = k + 5, ldb = k + 3, ldo = n + 1;
+    std::vector<float> a = random_values(static_cast<std::size_t>(m * lda), 11 + k + m);
+    std::vector<float> b = random_values(static_cast<std::size_t>(n * ldb), 500 + k + n);
+    for (int64_t j = 0; j < k; ++j) {  // last row and column: every product underflows to -0
+      a[(m - 1) * lda + j] = -1e-30f;
+      b[(n - 1) * ldb + j] = 1e-30f;
+    }
+    a[1 * lda + k - 1] = std::numeric_limits<float>::quiet_NaN();  // in the last chunk
+    a[2 * lda + 3] = -0.0f;
+    b[2 * ldb + 17] = std::numeric_limits<float>::infinity();
+    b[3 * ldb + k / 2] = -std::numeric_limits<float>::infinity();
+    b[(n - 2) * ldb] = -0.0f;
+    for (const DotOps* ops : every_kernel()) {
+      std::vector<float> out(static_cast<std::size_t>(m * ldo), 7.0f);
+      ops->dot_tile(a.data(), lda, m, b.data(), ldb, n, k, out.data(), ldo);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          const float want = canon::canonical_dot(a.data() + i * lda, b.data() + j * ldb, k);
+          ASSERT_EQ(bits(want), bits(out[i * ldo + j]))
+              << ops->name << " m=" << m << " n=" << n << " k=" << k << " (" << i << ", " << j
+              << ")";
+        }
+        ASSERT_EQ(out[i * ldo + n], 7.0f) << ops->name << " wrote past the tile";
       }
     }
   }

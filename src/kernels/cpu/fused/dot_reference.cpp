@@ -31,8 +31,9 @@ void reference_chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int6
 }  // namespace
 
 const DotOps& reference_dot_ops() {
-  static const DotOps ops{"scalar-reference", true, &reference_dot_tile, &reference_chain,
-                          &reference_dot_tile};
+  static const DotOps ops{"scalar-reference",  true,
+                          &reference_dot_tile, &reference_chain,
+                          &reference_dot_tile, &reference_dot_tile};
   return ops;
 }
 

@@ -7,8 +7,10 @@
 //   zero-filled copies, which is the canon's +0 * +0 padding. A tile runs column block by
 //   column block (each block of weight rows read from memory once, then from L2). The fold's first
 //   steps (h >= N) are vector adds of whole registers, the rest adds the register's halves.
-//   AVX2 runs the two registers' lanes (0-7, 8-15) as separate halves over packed k chunks
-//   instead (DotTileHalves): one register per output leaves room for 4 x 3 blocks.
+//   AVX2 runs tiles of at least 24 x 64 x 512 as one matrix product per canon lane
+//   (DotTileLanes: each accumulator element is one lane's chain, folded across lane planes),
+//   and smaller ones with the two registers' lanes (0-7, 8-15) as separate halves over packed
+//   k chunks (DotTileHalves): one register per output leaves room for 4 x 3 blocks.
 // - Gradient chains: each output element is its own fma chain, vectorised along the hidden
 //   dimension; a block of MI outputs shares each loaded vector, and each column block of the
 //   values is packed into a contiguous panel that stays in L1 while every output block runs
@@ -35,6 +37,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/fused/dot_targets.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway headers after foreach_target.h.
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include "kernels/cpu/simd/lanes-inl.h"
 
@@ -319,9 +322,293 @@ void DotTileHalves(const float* a, int64_t lda, int64_t m, const float* b, int64
   }
 }
 
+#if HWY_TARGET == HWY_AVX2
+// AVX2, the lane GEMM: lane l of output (i, c) is the chain over q of x[i][16q + l] *
+// w[c][16q + l] in increasing q from +0, so for a fixed l the tile is an ordinary matrix product
+// C_l = X_l W_l^T over K' = padded k / 16 terms, where X_l and W_l hold the lane-l elements.
+// The tile packs its hidden rows lane-major once (8 x 8 transposes: per panel of 16 rows and
+// per lane, 16 rows contiguous per q) and reads the weight rows in place, one broadcast per
+// element (element 16 q + l of a row). The register block is BLAS's: 6 weight rows x 2 vectors
+// of 8 hidden rows = 12 accumulators, per q 2 vector loads of the panel and 6 broadcasts per
+// 12 fmas. Each accumulator element is exactly one canon lane chain, in q order from +0: the
+// chains pause every kLK terms in the lane planes ([16][6][rows] per column block; pausing
+// changes no bit), the weight rows' chunk past k runs on zero-filled copies and the hidden
+// rows are packed with +0 past k (the canon's padding). Terms outside: each kLK-term chunk of
+// the packed rows (64 KiB at 32 rows) stays in L2 while every column block runs over it, and
+// each block's weight segment (6 rows x kLK lines, 12 KiB) stays in L1 for its 16 lanes x 2
+// panels, the next block's prefetched meanwhile. Then the canon's fold, h = 8, 4, 2, 1, as
+// vector adds of whole lane planes (15 adds per 8 outputs). Measured on Zen 3 at the op's tile
+// (32 x 128 x 4096): 1.06-1.13x the halves tile (docs/benchmarks.md); packing the weight rows
+// lane-major too (16 per panel, broadcasting the hidden rows) spent 30% of the time packing.
+constexpr int64_t kLC = 6;             // weight rows per register block (broadcasts)
+constexpr int64_t kLP = 2 * kN;        // hidden rows per packed panel (2 vectors)
+constexpr int64_t kLK = 32;            // q terms per pause
+constexpr int64_t kLaneRows = 32;      // rows per group (the op's row block)
+constexpr int64_t kLaneCols = 128;     // columns per group (the op's tile)
+constexpr int64_t kLanesMinRows = 24;  // fewer rows, columns or elements: DotTileHalves
+constexpr int64_t kLanesMinCols = 64;
+constexpr int64_t kLanesMinK = 512;
+
+// Grows on demand and keeps its size: one per thread and buffer.
+struct LaneScratch {
+  hwy::AlignedFreeUniquePtr<float[]> data;
+  size_t size = 0;
+  float* get(size_t want) {
+    if (size < want) {
+      data = hwy::AllocateAligned<float>(want);
+      size = want;
+    }
+    return data.get();
+  }
+};
+
+// The 8 x 8 transpose of rows r[0..7]: r[j] becomes element j of every input row.
+HWY_INLINE void Transpose8(VF (&r)[8]) {
+  const DF d;
+  const hn::Repartition<double, DF> dd;
+  VF t[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = hn::InterleaveLower(d, r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = hn::InterleaveUpper(d, r[2 * p], r[2 * p + 1]);
+  }
+  VF u[8];
+  for (int p = 0; p < 2; ++p) {  // rows 4p .. 4p + 3
+    const auto a0 = hn::BitCast(dd, t[4 * p]), a1 = hn::BitCast(dd, t[4 * p + 1]);
+    const auto b0 = hn::BitCast(dd, t[4 * p + 2]), b1 = hn::BitCast(dd, t[4 * p + 3]);
+    u[4 * p] = hn::BitCast(d, hn::InterleaveLower(dd, a0, b0));      // elements 0 | 4
+    u[4 * p + 1] = hn::BitCast(d, hn::InterleaveUpper(dd, a0, b0));  // 1 | 5
+    u[4 * p + 2] = hn::BitCast(d, hn::InterleaveLower(dd, a1, b1));  // 2 | 6
+    u[4 * p + 3] = hn::BitCast(d, hn::InterleaveUpper(dd, a1, b1));  // 3 | 7
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = hn::ConcatLowerLower(d, u[4 + j], u[j]);
+    r[j + 4] = hn::ConcatUpperUpper(d, u[4 + j], u[j]);
+  }
+}
+
+// Packs 8 rows (src + r * ld; rows r >= valid are zeros) lane-major: dst[l * lane_stride + q *
+// q_stride + r] = element 16 q + l of row r, for q < kp, +0 past k.
+HWY_INLINE void PackLanes8(const float* src, int64_t ld, int64_t valid, int64_t k, int64_t kp,
+                           float* dst, int64_t lane_stride, int64_t q_stride) {
+  const DF d;
+  HWY_ALIGN float tail[8][canon::kDotLanes] = {};
+  const int64_t full = k / canon::kDotLanes;
+  const float* rows[8];
+  for (int r = 0; r < 8; ++r) rows[r] = r < valid ? src + r * ld : nullptr;
+  if (full < kp) {  // the last chunk: its real elements, then the canon's +0 padding
+    const auto real = static_cast<size_t>(k - full * canon::kDotLanes) * sizeof(float);
+    for (int64_t r = 0; r < valid; ++r) std::memcpy(tail[r], src + r * ld + full * 16, real);
+  }
+  auto pack = [&](const float* const* p, int64_t at, float* out) {
+    for (int h = 0; h < kKV; ++h) {
+      VF v[8];
+      for (int r = 0; r < 8; ++r) v[r] = hn::LoadU(d, p[r] + at + h * kN);
+      Transpose8(v);
+      for (int j = 0; j < 8; ++j) hn::StoreU(v[j], d, out + (h * kN + j) * lane_stride);
+    }
+  };
+  if (valid >= 8) {
+    for (int64_t q = 0; q < full; ++q) pack(rows, q * canon::kDotLanes, dst + q * q_stride);
+  } else {  // missing rows read a zero chunk
+    for (int64_t q = 0; q < full; ++q) {
+      const float* p[8];
+      for (int r = 0; r < 8; ++r)
+        p[r] = r < valid ? rows[r] + q * canon::kDotLanes : tail[7];  // row 7: zeros
+      pack(p, 0, dst + q * q_stride);
+    }
+  }
+  if (full < kp) {
+    const float* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = tail[r];
+    pack(p, 0, dst + full * q_stride);
+  }
+}
+
+// kLC weight rows x V vectors of 8 hidden rows of one lane over q_count terms: x holds the
+// panel's packed rows, 16 per q (lane-major); w[c] points at the lane's element of weight row c
+// in place, 16 floats per q (a broadcast each); plane receives the accumulators, [kLC][mp] rows
+// (continued unless first).
+template <int NC, int V>
+HWY_INLINE void LaneBlock(const float* x, const float* const* w, int64_t q_count, float* plane,
+                          int64_t mp, bool first) {
+  const DF d;
+  const float* wr[NC];
+  for (int c = 0; c < NC; ++c) wr[c] = w[c];
+  VF acc[NC][V];
+  for (int c = 0; c < NC; ++c) {
+    for (int v = 0; v < V; ++v) {
+      acc[c][v] = first ? hn::Zero(d) : hn::Load(d, plane + c * mp + v * kN);
+    }
+  }
+  for (int64_t q = 0; q < q_count; ++q) {
+    VF x0 = hn::Load(d, x + q * kLP);
+    InRegister(x0);
+    VF x1 = x0;
+    if constexpr (V == 2) {
+      x1 = hn::Load(d, x + q * kLP + kN);
+      InRegister(x1);
+    }
+    for (int c = 0; c < NC; ++c) {
+      const VF wb = hn::Set(d, wr[c][q * canon::kDotLanes]);
+      acc[c][0] = Fma(wb, x0, acc[c][0]);
+      if constexpr (V == 2) acc[c][V - 1] = Fma(wb, x1, acc[c][V - 1]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    for (int v = 0; v < V; ++v) hn::Store(acc[c][v], d, plane + c * mp + v * kN);
+  }
+}
+
+template <int NC>
+HWY_INLINE void LanePanels(const float* x, int64_t xps, int64_t m, const float* const* w,
+                           int64_t q_count, float* plane, int64_t mp, bool first) {
+  int64_t i = 0;
+  for (; i + kLP <= m || (i < m && m - i > kN); i += kLP) {
+    LaneBlock<NC, 2>(x + (i / kLP) * xps, w, q_count, plane + i, mp, first);
+  }
+  if (i < m) LaneBlock<NC, 1>(x + (i / kLP) * xps, w, q_count, plane + i, mp, first);
+}
+
+// The canon's fold of a column block's lane planes ([16][kLC][mp]) for rows < m, columns < nc.
+HWY_INLINE void FoldPlanes(const float* planes, int64_t mp, int64_t m, int64_t nc, float* out,
+                           int64_t ldo) {
+  const DF d;
+  const int64_t lane_stride = kLC * mp;
+  for (int64_t c = 0; c < nc; ++c) {
+    for (int64_t i = 0; i < m; i += kN) {
+      VF s[canon::kDotLanes];
+      for (int l = 0; l < canon::kDotLanes; ++l) {
+        s[l] = hn::Load(d, planes + l * lane_stride + c * mp + i);
+      }
+      for (int h = canon::kDotLanes / 2; h >= 1; h /= 2) {
+        for (int j = 0; j < h; ++j) s[j] = hn::Add(s[j], s[j + h]);
+      }
+      HWY_ALIGN float folded[kN];
+      hn::Store(s[0], d, folded);
+      const int64_t count = std::min<int64_t>(kN, m - i);
+      for (int64_t r = 0; r < count; ++r) out[(i + r) * ldo + c] = canon::canonicalize(folded[r]);
+    }
+  }
+}
+
+// Rows [0, m) (m <= kLaneRows) x columns [0, n) (n <= kLaneCols) of the lane GEMM.
+void DotTileLanesGroup(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
+                       int64_t n, int64_t k, float* out, int64_t ldo) {
+  const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
+  const int64_t full = k / canon::kDotLanes;  // chunks of 16 real elements, read in place
+  const int64_t panels = (m + kLP - 1) / kLP;
+  const int64_t mp = panels * kLP;
+  const int64_t blocks = (n + kLC - 1) / kLC;
+  // Lane blocks 64 bytes more than a multiple of 4 KiB apart: the packing's stores to the 8
+  // lanes of a transpose would otherwise alias each other and the next loads (4K aliasing).
+  const int64_t xls = kp * kLP + canon::kDotLanes;
+  const int64_t xps = canon::kDotLanes * xls;
+  const int64_t bps = canon::kDotLanes * kLC * mp;  // one column block's lane planes
+  thread_local LaneScratch xs, ts, ps;
+  float* xpack = xs.get(static_cast<size_t>(panels * xps));   // [panel][16][kp][16 rows]
+  float* planes = ps.get(static_cast<size_t>(blocks * bps));  // [block][16][kLC][mp]
+  for (int64_t r = 0; r < mp; r += 8) {
+    PackLanes8(a + r * lda, lda, std::clamp<int64_t>(m - r, 0, 8), k, kp,
+               xpack + (r / kLP) * xps + r % kLP, xls, kLP);
+  }
+  // The weight rows' last chunk past k: zero-padded copies (the canon's padding).
+  float* wtail = nullptr;
+  if (full < kp) {
+    wtail = ts.get(static_cast<size_t>(n * canon::kDotLanes));
+    const auto real = static_cast<size_t>(k - full * canon::kDotLanes) * sizeof(float);
+    for (int64_t c = 0; c < n; ++c) {
+      std::fill(wtail + c * canon::kDotLanes, wtail + (c + 1) * canon::kDotLanes, 0.0f);
+      std::memcpy(wtail + c * canon::kDotLanes, b + c * ldb + full * canon::kDotLanes, real);
+    }
+  }
+  for (int64_t q0 = 0; q0 < kp; q0 += kLK) {
+    const int64_t q1 = std::min(kp, q0 + kLK);
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t c0 = block * kLC;
+      const int64_t nc = std::min(kLC, n - c0);
+      // The next column block's weight segment, into L2 over this block's 16 lanes: its
+      // rows are short streams 16 KiB apart, which the hardware prefetcher picks up late.
+      const bool last_block = block + 1 == blocks;
+      const int64_t pq0 = last_block ? q1 : q0;
+      const int64_t pq1 = std::min(std::min(kp, pq0 + kLK), full);
+      const int64_t pc0 = last_block ? 0 : c0 + kLC;
+      const int64_t pnc = std::min(kLC, n - pc0);
+      const int64_t per_lane = (pq1 - pq0 + canon::kDotLanes - 1) / canon::kDotLanes;
+      for (int l = 0; l < canon::kDotLanes; ++l) {
+        const int64_t pq_end = std::min(pq1, pq0 + (l + 1) * per_lane);
+        for (int64_t q = pq0 + l * per_lane; q < pq_end; ++q) {
+          for (int64_t c = 0; c < pnc; ++c) {
+            __builtin_prefetch(b + (pc0 + c) * ldb + q * canon::kDotLanes, 0, 2);
+          }
+        }
+        float* plane = planes + block * bps + l * kLC * mp;
+        const float* x = xpack + l * xls;
+        // In place up to `full`, then the padded copies.
+        for (int part = 0; part < 2; ++part) {
+          const int64_t from = part == 0 ? q0 : std::max(q0, full);
+          const int64_t to = part == 0 ? std::min(q1, full) : q1;
+          if (from >= to) continue;
+          const float* w[kLC];
+          for (int64_t c = 0; c < nc; ++c) {
+            w[c] = part == 0 ? b + (c0 + c) * ldb + from * canon::kDotLanes + l
+                             : wtail + (c0 + c) * canon::kDotLanes + l;
+          }
+          const float* xq = x + from * kLP;
+          const bool first = from == 0;
+          switch (nc) {
+            case 6:
+              LanePanels<6>(xq, xps, m, w, to - from, plane, mp, first);
+              break;
+            case 5:
+              LanePanels<5>(xq, xps, m, w, to - from, plane, mp, first);
+              break;
+            case 4:
+              LanePanels<4>(xq, xps, m, w, to - from, plane, mp, first);
+              break;
+            case 3:
+              LanePanels<3>(xq, xps, m, w, to - from, plane, mp, first);
+              break;
+            case 2:
+              LanePanels<2>(xq, xps, m, w, to - from, plane, mp, first);
+              break;
+            default:
+              LanePanels<1>(xq, xps, m, w, to - from, plane, mp, first);
+              break;
+          }
+        }
+      }
+    }
+  }
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kLC;
+    FoldPlanes(planes + block * bps, mp, m, std::min(kLC, n - c0), out + c0, ldo);
+  }
+}
+
+// Groups of kLaneRows rows and kLaneCols columns; the last rows, if fewer than kLanesMinRows,
+// run DotTileHalves (a lane GEMM of a few rows is slower than it).
+void DotTileLanes(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
+                  int64_t k, float* out, int64_t ldo) {
+  int64_t r0 = 0;
+  for (; r0 + kLanesMinRows <= m; r0 += kLaneRows) {
+    for (int64_t c0 = 0; c0 < n; c0 += kLaneCols) {
+      DotTileLanesGroup(a + r0 * lda, lda, std::min(kLaneRows, m - r0), b + c0 * ldb, ldb,
+                        std::min(kLaneCols, n - c0), k, out + r0 * ldo + c0, ldo);
+    }
+  }
+  if (r0 < m) DotTileHalves(a + r0 * lda, lda, m - r0, b, ldb, n, k, out + r0 * ldo, ldo);
+}
+#endif  // HWY_TARGET == HWY_AVX2
+
 void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
              int64_t k, float* out, int64_t ldo) {
   if constexpr (kKV == 2) {
+#if HWY_TARGET == HWY_AVX2
+    if (m >= kLanesMinRows && n >= kLanesMinCols && k >= kLanesMinK) {
+      DotTileLanes(a, lda, m, b, ldb, n, k, out, ldo);
+      return;
+    }
+#endif
     DotTileHalves(a, lda, m, b, ldb, n, k, out, ldo);
   } else {
     DotTileUnblocked(a, lda, m, b, ldb, n, k, out, ldo);
@@ -421,7 +708,11 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
 
 const DotOps* GetDotOps() {
   static const DotOps ops{std::string("highway:") + hwy::TargetName(HWY_TARGET),
-                          HWY_NATIVE_FMA != 0, &DotTile, &Chain, &DotTileUnblocked};
+                          HWY_NATIVE_FMA != 0,
+                          &DotTile,
+                          &Chain,
+                          &DotTileUnblocked,
+                          kKV == 2 ? &DotTileHalves : &DotTileUnblocked};
   return &ops;
 }
 
