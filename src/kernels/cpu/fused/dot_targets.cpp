@@ -338,7 +338,7 @@ void DotTileHalves(const float* a, int64_t lda, int64_t m, const float* b, int64
 // each block's weight segment (6 rows x kLK lines, 12 KiB) stays in L1 for its 16 lanes x 2
 // panels, the next block's prefetched meanwhile. Then the canon's fold, h = 8, 4, 2, 1, as
 // vector adds of whole lane planes (15 adds per 8 outputs). Measured on Zen 3 at the op's tile
-// (32 x 128 x 4096): 1.06-1.13x the halves tile (docs/benchmarks.md); packing the weight rows
+// (32 x 128 x 4096): 1.12-1.16x the halves tile (docs/benchmarks.md); packing the weight rows
 // lane-major too (16 per panel, broadcasting the hidden rows) spent 30% of the time packing.
 constexpr int64_t kLC = 6;             // weight rows per register block (broadcasts)
 constexpr int64_t kLP = 2 * kN;        // hidden rows per packed panel (2 vectors)
@@ -397,7 +397,8 @@ HWY_INLINE void PackLanes8(const float* src, int64_t ld, int64_t valid, int64_t 
   for (int r = 0; r < 8; ++r) rows[r] = r < valid ? src + r * ld : nullptr;
   if (full < kp) {  // the last chunk: its real elements, then the canon's +0 padding
     const auto real = static_cast<size_t>(k - full * canon::kDotLanes) * sizeof(float);
-    for (int64_t r = 0; r < valid; ++r) std::memcpy(tail[r], src + r * ld + full * 16, real);
+    for (int64_t r = 0; r < valid; ++r)
+      std::memcpy(tail[r], src + r * ld + full * canon::kDotLanes, real);
   }
   auto pack = [&](const float* const* p, int64_t at, float* out) {
     for (int h = 0; h < kKV; ++h) {
