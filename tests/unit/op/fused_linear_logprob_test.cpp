@@ -158,6 +158,29 @@ TEST(LinearLogits, EveryKernelGivesTheCanonicalDotProducts) {
   }
 }
 
+TEST(LinearLogits, EveryKernelGivesTheCanonicalDotProductsOnLargeBlocks) {
+  // Blocks of 32 rows x 128 columns and H >= 512: AVX2's lane GEMM tile, beside a last row block
+  // of 8 rows and a last column block of 72 (the smaller tiles' path); H not a multiple of 16.
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    const int64_t hs = 520;
+    const FullLogits x = make_matrix(dt, 40, hs, 13, 1.0f);
+    const FullLogits w = make_matrix(dt, 200, hs, 14, 1.0f);
+    const FullLogits x32 = upcast(x);
+    const FullLogits w32 = upcast(w);
+    for (const std::string& k : fused_kernel_names()) {
+      const FullLogits z = logits_of(x, w, k);
+      for (int64_t i = 0; i < x.rows; ++i) {
+        for (int64_t c = 0; c < w.rows; ++c) {
+          const float want =
+              canon::canonical_dot(x32.f32.data() + i * hs, w32.f32.data() + c * hs, hs);
+          ASSERT_EQ(canon::bits_of(want), canon::bits_of(z.f32[i * w.rows + c]))
+              << k << " " << to_string(dt) << " (" << i << ", " << c << ")";
+        }
+      }
+    }
+  }
+}
+
 TEST(LinearLogits, RejectsMismatchedShapes) {
   const FullLogits x = make_matrix(DType::fp32, 2, 8, 1, 1.0f);
   const FullLogits w = make_matrix(DType::fp32, 3, 9, 2, 1.0f);
@@ -289,6 +312,40 @@ TEST(FusedLinearLogprob, BitwiseAcrossThreadsRowBlocksAndKernels) {
         expect_same_outputs(
             ref, got, k + " threads=" + std::to_string(threads) + " rb=" + std::to_string(rb));
       }
+    }
+  }
+}
+
+TEST(FusedLinearLogprob, LargeTilesBitwiseAcrossKernelsAndTp) {
+  // The op's default row block (32) and 128-column tiles at H = 520: AVX2 computes the logits
+  // of full tiles with its lane GEMM, the last row block (8 rows) and the last tile (44 real
+  // columns) with the smaller tiles' path; everything equals the scalar reference at TP 1.
+  const int64_t rows = 40, hs = 520, real = 300, w = 128;
+  const FullLogits hidden = make_matrix(DType::fp32, rows, hs, 61, 1.0f);
+  const FullLogits weight = make_matrix(DType::fp32, 512, hs, 62, 0.1f);
+  std::vector<int64_t> targets = make_targets(rows, 63);
+  for (int64_t i = 0; i < rows; ++i) targets[i] = (targets[i] * 7 + i) % real;
+  const GradInputs grads = make_grads(rows, true, 64);
+  const ContractOptions c{.tile_width = w};
+  const FusedRun ref = run_fused(hidden, weight, padded_layout(real, 1, w), targets, c,
+                                 {.kernel = "scalar-reference",
+                                  .fused = {.entropy = true, .exec = {.threads = 1}},
+                                  .grads = grads});
+  for (const std::string& k : fused_kernel_names()) {
+    for (int tp : {1, 2}) {
+      const FusedRun got = run_fused(
+          hidden, weight, padded_layout(real, tp, w), targets, c,
+          {.kernel = k, .fused = {.entropy = true, .exec = {.threads = 2}}, .grads = grads});
+      const std::string what = k + " tp=" + std::to_string(tp);
+      for (std::size_t r = 0; r < got.ranks.size(); ++r) {
+        EXPECT_EQ(bits(ref.ranks[0].logp), bits(got.ranks[r].logp)) << what;
+        EXPECT_EQ(bits(ref.ranks[0].lse), bits(got.ranks[r].lse)) << what;
+        EXPECT_EQ(bits(ref.ranks[0].entropy), bits(got.ranks[r].entropy)) << what;
+        EXPECT_EQ(bits(ref.grad_hidden[0]), bits(got.grad_hidden[r])) << what;
+      }
+      const std::vector<float> want(ref.grad_weight.begin(), ref.grad_weight.begin() + real * hs);
+      const std::vector<float> have(got.grad_weight.begin(), got.grad_weight.begin() + real * hs);
+      EXPECT_EQ(bits(want), bits(have)) << what;
     }
   }
 }
