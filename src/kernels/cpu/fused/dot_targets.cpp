@@ -333,13 +333,14 @@ void DotTileHalves(const float* a, int64_t lda, int64_t m, const float* b, int64
 // 12 fmas. Each accumulator element is exactly one canon lane chain, in q order from +0: the
 // chains pause every kLK terms in the lane planes ([16][6][rows] per column block; pausing
 // changes no bit), the weight rows' chunk past k runs on zero-filled copies and the hidden
-// rows are packed with +0 past k (the canon's padding). Terms outside: each kLK-term chunk of
-// the packed rows (64 KiB at 32 rows) stays in L2 while every column block runs over it, and
-// each block's weight segment (6 rows x kLK lines, 12 KiB) stays in L1 for its 16 lanes x 2
-// panels, the next block's prefetched meanwhile. Then the canon's fold, h = 8, 4, 2, 1, as
-// vector adds of whole lane planes (15 adds per 8 outputs). Measured on Zen 3 at the op's tile
-// (32 x 128 x 4096): 1.12-1.16x the halves tile (docs/benchmarks.md); packing the weight rows
-// lane-major too (16 per panel, broadcasting the hidden rows) spent 30% of the time packing.
+// rows are packed with +0 past k (the canon's padding). The kLK-term chunks run outermost:
+// each chunk of the packed rows (64 KiB at 32 rows) stays in L2 while every column block runs
+// over it, and each block's weight segment (6 rows x kLK lines, 12 KiB) stays in L1 for its
+// 16 lanes x 2 panels, the next block's prefetched meanwhile. Then the canon's fold, h = 8, 4,
+// 2, 1, as vector adds of whole lane planes (15 adds per 8 outputs). Measured on Zen 3 at the
+// op's tile (32 x 128 x 4096): 1.12-1.16x the halves tile (docs/benchmarks.md); packing the
+// weight rows lane-major too (16 per panel, broadcasting the hidden rows) spent 30% of the
+// time packing.
 constexpr int64_t kLC = 6;             // weight rows per register block (broadcasts)
 constexpr int64_t kLP = 2 * kN;        // hidden rows per packed panel (2 vectors)
 constexpr int64_t kLK = 32;            // q terms per pause
