@@ -28,17 +28,27 @@ enum class OutsideKept {
   neg_inf,  // logp = -inf, and that row's grad_logp contributes nothing (counts as +0)
 };
 
+// What a row of given kept ids that holds no id (only -1) gets.
+enum class EmptyKeptRow {
+  error,            // on an active row: ContractError (field "kept_ids", naming the row)
+  full_vocabulary,  // the row is scored over the full real vocabulary: the same bits as the
+                    // call without kept sets (logp, LSE, entropy and gradients), as a rollout
+                    // batch's unrestricted rows (the sampler's all -1 kept rows)
+};
+
 struct KeptSetOptions {
   // [rows, width] row-major: each row's kept vocabulary ids, in any order, padded with -1.
   // Copied: need not outlive the call.
   std::span<const int64_t> ids = {};
   int64_t width = 0;  // 0 with empty ids: no kept sets (the full real vocabulary)
   OutsideKept outside = OutsideKept::error;
+  EmptyKeptRow empty_rows = EmptyKeptRow::error;  // given ids: rows of only -1
   // Recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k, top-p)"), instead of
   // ids: per row [rows] the sampler's top_k (0: off, else 1 .. kMaxKeptIds) and top_p (in
-  // (0, 1]; 1: off); an empty span is off for every row. Every row must be restricted (top_k > 0
-  // or top_p < 1), or none (then the call is the full-vocabulary one). The result's kept_ids
-  // are the selected sets. Copied: need not outlive the call.
+  // (0, 1]; 1: off); an empty span is off for every row. Rows may mix: an unrestricted row (top_k
+  // 0 and top_p 1) is scored over the full vocabulary (the bits of the call without kept sets),
+  // the others over their selected sets. The result's kept_ids are the selected sets, all -1 on
+  // unrestricted rows. Copied: need not outlive the call.
   std::span<const int32_t> top_k = {};
   std::span<const float> top_p = {};
 

@@ -156,8 +156,8 @@ class VocabParallelLogprob final : public LogprobOp {
  private:
   LogprobResult forward_kept(const LogitsView& local_logits, std::span<const int64_t> targets,
                              const LogprobContract& contract, Communicator& comm,
-                             const ForwardOptions& options,
-                             std::shared_ptr<SavedForward> saved) const;
+                             const ForwardOptions& options, std::shared_ptr<SavedForward> saved,
+                             const LogprobResult* full) const;
 
   const ShardKernels& kernels_;
   std::string backend_id_;

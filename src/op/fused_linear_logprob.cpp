@@ -6,13 +6,16 @@
 // rank's grad_weight and the grad_hidden sum of each node of its cover; one all-gather moves
 // every rank's node sums, and each rank merges them by the same tree.
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "detlogp/fused.hpp"
 #include "detlogp/version.hpp"
+#include "numerics/element_io.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
+#include "op/full_vocabulary_rows.hpp"
 #include "op/kept_selection.hpp"
 #include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
@@ -37,9 +40,83 @@ struct FusedSavedForward {
   std::vector<int64_t> kept;           // resolved kept ids [rows, kept_width], or empty
   int64_t kept_width = 0;
   std::vector<uint8_t> outside_kept;  // 1 on active rows whose target is outside its set
+  // A mixed batch (op/full_vocabulary_rows.hpp): 1 on rows scored over the full vocabulary, and
+  // every row's full LSE and entropy (backward's full pass); else empty.
+  std::vector<uint8_t> full_rows;
+  std::vector<float> full_lse;
+  std::vector<float> full_entropy;
 };
 
 namespace {
+
+// `v` [rows] with +0 on the rows whose `rows` entry is not `value` (empty stays empty).
+std::vector<float> rows_where(std::span<const float> v, std::span<const uint8_t> rows,
+                              uint8_t value) {
+  std::vector<float> out(v.begin(), v.end());
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    if (rows[r] != value) out[r] = 0.0f;
+  }
+  return out;
+}
+
+// Backward of a mixed batch (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the full
+// backward with the restricted rows' coefficients +0 (the full rows' LSE and entropy), then the
+// kept backward with the full rows' coefficients +0 (they hold no kept id). grad_hidden: each
+// node's sum of a row from the pass that scores the row. grad_weight: the two passes' shards,
+// each rounded to grad_weight's dtype, added in fp32 and rounded once more.
+void mixed_backward(const FusedSavedForward& f, const BackwardInputs& in,
+                    std::span<const TreeNode> cover, const MutableLogitsView& grad_weight,
+                    std::span<float> own_sums) {
+  const std::span<const uint8_t> full = f.full_rows;
+  const std::vector<float> full_logp = rows_where(in.grad_logp, full, 1);
+  const std::vector<float> full_lse = rows_where(in.grad_lse, full, 1);
+  const std::vector<float> full_ent = rows_where(in.grad_entropy, full, 1);
+  const BackwardInputs full_in{.lse = f.full_lse,
+                               .entropy = f.full_entropy,
+                               .target_local = in.target_local,
+                               .grad_logp = full_logp,
+                               .grad_lse = full_lse,
+                               .grad_entropy = full_ent};
+  f.kernels->backward(f.shard, cover, full_in, grad_weight, own_sums, f.exec);
+
+  const std::vector<float> kept_logp = rows_where(in.grad_logp, full, 0);
+  const std::vector<float> kept_lse = rows_where(in.grad_lse, full, 0);
+  const std::vector<float> kept_ent = rows_where(in.grad_entropy, full, 0);
+  BackwardInputs kept_in = in;
+  kept_in.grad_logp = kept_logp;
+  kept_in.grad_lse = kept_lse;
+  kept_in.grad_entropy = kept_ent;
+  std::vector<unsigned char> weight_part;
+  MutableLogitsView kept_weight{};
+  if (grad_weight.data != nullptr) {
+    kept_weight = grad_weight;
+    weight_part.resize(static_cast<std::size_t>(grad_weight.rows * grad_weight.row_stride) *
+                       dtype_size(grad_weight.dtype));
+    kept_weight.data = weight_part.data();
+  }
+  std::vector<float> kept_sums(own_sums.size());
+  f.kernels->kept_backward(f.shard, f.kept, f.kept_width, cover, kept_in, kept_weight, kept_sums);
+
+  for (int64_t c = 0; c < grad_weight.rows && grad_weight.data != nullptr; ++c) {
+    for (int64_t h = 0; h < grad_weight.cols; ++h) {
+      const int64_t at = c * grad_weight.row_stride + h;
+      const float a = numerics::load_as_float(grad_weight.data, grad_weight.dtype, at);
+      const float b = numerics::load_as_float(kept_weight.data, kept_weight.dtype, at);
+      numerics::store_from_float(grad_weight.data, grad_weight.dtype, at, a + b);
+    }
+  }
+  const int64_t rows = f.shard.hidden.rows;
+  const int64_t hs = f.shard.hidden.cols;
+  const auto plane = static_cast<std::size_t>(rows * hs);
+  for (std::size_t j = 0; plane > 0 && j < own_sums.size() / plane; ++j) {
+    for (int64_t i = 0; i < rows; ++i) {
+      if (full[static_cast<std::size_t>(i)]) continue;
+      const std::size_t first = j * plane + static_cast<std::size_t>(i * hs);
+      std::copy_n(kept_sums.begin() + static_cast<std::ptrdiff_t>(first), hs,
+                  own_sums.begin() + static_cast<std::ptrdiff_t>(first));
+    }
+  }
+}
 
 // The inputs' shapes and dtypes against the contract, then the transport and the targets.
 void check_invocation(const LogitsView& hidden, const LogitsView& weight,
@@ -185,23 +262,40 @@ FusedLogprobResult FusedLinearLogprob::forward(const LogitsView& hidden, const L
     return out;
   };
 
-  // Recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the full
-  // roots first where top-p needs the row's LSE, then the selection, the same ids on every rank.
+  // Kept sets, given or recomputed (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the
+  // full roots first where top-p needs the row's LSE, then the selection, the same ids on every
+  // rank; rows of only -1 in a mixed batch take the full outputs.
   const op::KeptSelectionParams params = op::selection_params(opt.kept);
-  op::KeptSelection selected;
   const bool recompute = op::restricts_rows(params, rows);
-  if (recompute) {
-    std::vector<float> full_lse;
-    if (op::needs_full_lse(params, rows)) full_lse = full().lse;
-    selected = op::select_kept_sets_of_fused(comm, *kernels_, f.shard, params, full_lse, opt.exec);
-  }
   if (opt.kept.given() || recompute) {  // only the kept scores: no node partials of the vocabulary
-    f.kept = recompute ? std::move(selected.ids)
-                       : op::resolve_kept_ids(opt.kept.ids, rows, opt.kept.width);
-    f.kept_width = recompute ? selected.width : opt.kept.width;
+    std::optional<FusedLogprobResult> full_out;
+    if (recompute) {
+      if (op::needs_full_lse(params, rows)) full_out = full();
+      op::KeptSelection selected = op::select_kept_sets_of_fused(
+          comm, *kernels_, f.shard, params,
+          full_out ? std::span<const float>(full_out->lse) : std::span<const float>{}, opt.exec);
+      f.kept = std::move(selected.ids);
+      f.kept_width = selected.width;
+    } else {
+      f.kept = op::resolve_kept_ids(opt.kept.ids, rows, opt.kept.width);
+      f.kept_width = opt.kept.width;
+    }
+    if (recompute || opt.kept.empty_rows == EmptyKeptRow::full_vocabulary) {
+      f.full_rows = op::full_vocabulary_rows(f.kept, rows, f.kept_width);
+    }
+    if (!op::any_row(f.full_rows)) {
+      f.full_rows.clear();
+    } else if (!full_out) {
+      full_out = full();
+    }
     op::KeptOutputs kept =
         op::kept_forward(comm, sh, kernels_->shard_kernels(), f.kept, f.kept_width, targets,
                          f.active, opt.entropy, op::read_scores_of(*kernels_, f.shard), opt.exec);
+    if (!f.full_rows.empty()) {
+      op::take_full_rows(f.full_rows, full_out->logp, full_out->lse, full_out->entropy, kept);
+      f.full_lse = std::move(full_out->lse);
+      f.full_entropy = std::move(full_out->entropy);
+    }
     if (opt.validate) op::check_finite_lse(c.mask().active_mask(), kept.lse, "hidden");
     FusedLogprobResult out;
     out.logp = std::move(kept.logp);
@@ -283,7 +377,9 @@ void FusedLinearLogprob::backward(const FusedLogprobResult& fwd, const LogprobGr
   std::vector<float> send(want_hidden ? width * plane : 0, 0.0f);
   const std::span<float> own_sums =
       std::span<float>(send).first(want_hidden ? cover.size() * plane : 0);
-  if (f.kept_width > 0) {
+  if (!f.full_rows.empty()) {
+    mixed_backward(f, in, cover, grad_weight, own_sums);
+  } else if (f.kept_width > 0) {
     f.kernels->kept_backward(f.shard, f.kept, f.kept_width, cover, in, grad_weight, own_sums);
   } else {
     f.kernels->backward(f.shard, cover, in, grad_weight, own_sums, f.exec);

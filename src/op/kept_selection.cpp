@@ -118,19 +118,7 @@ void check_recomputed_kept(const KeptSetOptions& kept, int64_t rows) {
                         "kept_ids and top_k/top_p were both given: pass either kept_ids or "
                         "top_k/top_p");
   }
-  const KeptSelectionParams params = selection_params(kept);
-  check_kept_selection(params, rows);
-  if (!restricts_rows(params, rows)) return;
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
-    if (top_k_of(params, r) == 0 && !(top_p_of(params, r) < 1.0f)) {
-      throw ContractError(
-          ErrorCode::conflicting_fields, "top_k",
-          fmt::format("row {} has top_k 0 and top_p 1 (no restriction) while other rows are "
-                      "restricted; every row needs top_k or top_p < 1; use the full-vocabulary "
-                      "call for unrestricted rows",
-                      r));
-    }
-  }
+  check_kept_selection(selection_params(kept), rows);
 }
 
 bool restricts_rows(const KeptSelectionParams& params, int64_t rows) {

@@ -36,12 +36,12 @@ inline KeptSelectionParams selection_params(const KeptSetOptions& kept) {
 }
 
 // The operators' local checks of recomputed kept sets (ContractError): not together with kept
-// ids (conflicting_fields, "pass either kept_ids or top_k/top_p"), check_kept_selection, then
-// every row restricted or none (field "top_k", naming the first unrestricted row).
+// ids (conflicting_fields, "pass either kept_ids or top_k/top_p"), then check_kept_selection.
+// Rows may mix restricted and unrestricted (op/full_vocabulary_rows.hpp).
 void check_recomputed_kept(const KeptSetOptions& kept, int64_t rows);
 
-// Whether some row is restricted (top_k > 0 or top_p < 1); by check_recomputed_kept, then all
-// are, else the call is the full-vocabulary one.
+// Whether some row is restricted (top_k > 0 or top_p < 1); else the call is the
+// full-vocabulary one.
 bool restricts_rows(const KeptSelectionParams& params, int64_t rows);
 
 // After the kept forward over selected sets, with OutsideKept::error: ContractError (field

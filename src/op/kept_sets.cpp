@@ -77,10 +77,12 @@ void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const in
       if (id >= 0) seen[static_cast<std::size_t>(id / 64)] = 0;
     }
     if (!active[static_cast<std::size_t>(i)]) continue;
+    if (n == 0 && kept.empty_rows == EmptyKeptRow::full_vocabulary) continue;
     if (n == 0) {
       fail_kept(ErrorCode::empty,
                 fmt::format("kept_ids row {} is an active row with no kept id (only -1): give "
-                            "every active row at least its target, or mask the row out",
+                            "every active row at least its target, mask the row out, or pass "
+                            "empty_kept=full to score rows of only -1 over the full vocabulary",
                             i));
     }
     if (kept.outside == OutsideKept::error && !holds_target) {
@@ -257,10 +259,15 @@ KeptOutputs kept_forward(Communicator& comm, const ShardingSpec& sharding,
 
 void kept_backward(const LogitsView& logits, const ShardSpec& spec, std::span<const int64_t> kept,
                    int64_t width, int64_t global_begin, int64_t real_vocab,
-                   const BackwardInputs& in, const MutableLogitsView& grad) {
+                   const BackwardInputs& in, const MutableLogitsView& grad,
+                   std::span<const uint8_t> skip_rows) {
   const std::size_t elem = dtype_size(grad.dtype);
   auto* base = static_cast<unsigned char*>(grad.data);
+  const auto skipped = [&](int64_t i) {
+    return !skip_rows.empty() && skip_rows[static_cast<std::size_t>(i)] != 0;
+  };
   for (int64_t i = 0; i < grad.rows; ++i) {  // +0 in every dtype is all-zero bits
+    if (skipped(i)) continue;
     std::memset(base + static_cast<std::size_t>(i * grad.row_stride) * elem, 0,
                 static_cast<std::size_t>(grad.cols) * elem);
   }
@@ -275,6 +282,7 @@ void kept_backward(const LogitsView& logits, const ShardSpec& spec, std::span<co
   std::vector<int64_t> cols(static_cast<std::size_t>(width));
   std::vector<float> xs(static_cast<std::size_t>(width));
   for (int64_t i = 0; i < logits.rows; ++i) {
+    if (skipped(i)) continue;
     const auto r = static_cast<std::size_t>(i);
     canon::GradCoefficients g = base_g;
     if (g.has_logp) g.g_logp = in.grad_logp[r];

@@ -23,7 +23,9 @@ namespace detlogp::op {
 // The caller's kept ids against the call (ContractError, field "kept_ids", naming the row, the
 // id and the fix): width in [1, kMaxKeptIds] (or no ids at all with width 0), rows * width ids,
 // each in [-1, real vocabulary), no id twice in a row, every row holds at least one id unless
-// it is inactive, and with OutsideKept::error every active row's target is in its set. Every
+// it is inactive or kept.empty_rows is EmptyKeptRow::full_vocabulary (then a row of only -1 is
+// a full-vocabulary row), and with OutsideKept::error every active row's target is in its set
+// (rows of only -1 aside). Every
 // row's list is checked, inactive rows' too (it is the caller's data); only the targets of
 // inactive rows are not looked at.
 void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const int64_t> targets,
@@ -74,9 +76,11 @@ inline constexpr int64_t kKeptTileWidth = 128;
 // shard holds (global ids [global_begin, min(global_begin + cols, real_vocab)), local column
 // id - global_begin) gets the canon's gradient (canon::grad_of_logit with the row's LSE_S and H_S,
 // p = 0 outside S). in.grad_logp must already be +0 on inactive rows and on rows whose target is
-// outside their set.
+// outside their set. Rows marked 1 in `skip_rows` (the full-vocabulary rows of a mixed batch,
+// op/full_vocabulary_rows.hpp; empty: none) are left untouched.
 void kept_backward(const LogitsView& logits, const ShardSpec& spec, std::span<const int64_t> kept,
                    int64_t width, int64_t global_begin, int64_t real_vocab,
-                   const BackwardInputs& in, const MutableLogitsView& grad);
+                   const BackwardInputs& in, const MutableLogitsView& grad,
+                   std::span<const uint8_t> skip_rows = {});
 
 }  // namespace detlogp::op

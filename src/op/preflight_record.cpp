@@ -160,8 +160,9 @@ std::string kept_digest(const KeptSetOptions& kept) {
     a += mix64(t ^ mix64(row + 0x9e3779b97f4a7c15ULL));
     b += mix64(t + mix64(row ^ 0xd1b54a32d192ed03ULL) * 3);
   }
-  return fmt::format("{:016x}{:016x} {}", a, b,
-                     kept.outside == OutsideKept::error ? "error" : "neg_inf");
+  return fmt::format("{:016x}{:016x} {} {}", a, b,
+                     kept.outside == OutsideKept::error ? "error" : "neg_inf",
+                     kept.empty_rows == EmptyKeptRow::error ? "empty" : "full");
 }
 
 PreflightRecord encode_record(const PreflightFacts& f) {

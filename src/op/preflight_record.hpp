@@ -63,7 +63,8 @@ std::string targets_digest(std::span<const int64_t> targets, const std::vector<b
 std::string row_temperature_digest(std::span<const float> row_temperature);
 
 // A digest of kept sets: 32 hex digits of each row's set (whatever the order of its ids and the
-// padding), then the outside mode; empty for none.
+// padding), then the outside mode and the empty-row mode ("empty": error, "full": the full
+// vocabulary); empty for none.
 std::string kept_digest(const KeptSetOptions& kept);
 
 // 128-bit digests (32 hex digits) of per-row top_k and top_p values (every row, in row order,

@@ -14,6 +14,7 @@
 #include "kernels/common/top_candidates.hpp"
 #include "numerics/canon.hpp"
 #include "op/call_checks.hpp"
+#include "op/full_vocabulary_rows.hpp"
 #include "op/kept_selection.hpp"
 #include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
@@ -166,17 +167,18 @@ SampleResult sample(const LogprobOp& op, const LogitsView& logits, const Logprob
     if (active[r]) out.full_logp[r] = canon::selected_logp(drawn[r].z, full.lse[r]);
   }
 
-  // 6. The kept logp of restricted rows: the operator's kept forward over the selected sets.
+  // 6. The kept logp of restricted rows: the operator's kept forward over the selected sets,
+  //    the full logp on unrestricted rows (the operators' rule for mixed batches).
   out.logp = out.full_logp;
   if (kept.width > 0) {
     std::vector<uint8_t> active_rows(static_cast<std::size_t>(rows));
     for (std::size_t r = 0; r < active_rows.size(); ++r) active_rows[r] = active[r] ? 1 : 0;
-    const op::KeptOutputs k =
+    op::KeptOutputs k =
         op::kept_forward(comm, sh, *kernels, kept.ids, kept.width, out.tokens, active_rows,
                          /*entropy=*/false, op::read_scores_of(logits, spec), o.exec);
-    for (std::size_t r = 0; r < out.logp.size(); ++r) {
-      if (kept.ids[r * static_cast<std::size_t>(kept.width)] >= 0) out.logp[r] = k.logp[r];
-    }
+    op::take_full_rows(op::full_vocabulary_rows(kept.ids, rows, kept.width), out.full_logp, {}, {},
+                       k);
+    out.logp = std::move(k.logp);
   }
   out.kept_ids = std::move(kept.ids);
   out.kept_width = kept.width;

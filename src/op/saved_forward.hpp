@@ -25,6 +25,7 @@ struct SavedForward {
   int64_t kept_begin = 0;  // global id of the shard's column 0
   int64_t real_vocab = 0;
   std::vector<uint8_t> outside_kept;  // 1 on active rows whose target is outside the kept set
+  std::vector<uint8_t> full_rows;     // 1 on rows scored over the full vocabulary (mixed batch)
   std::vector<float> lse;             // copies of the forward outputs backward needs
   std::vector<float> entropy;
 };

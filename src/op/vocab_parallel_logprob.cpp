@@ -3,6 +3,7 @@
 // computes which node and moves bytes.
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -11,6 +12,7 @@
 #include "op/boundary_fragments.hpp"
 #include "op/call_checks.hpp"
 #include "op/forward_exchange.hpp"
+#include "op/full_vocabulary_rows.hpp"
 #include "op/kept_selection.hpp"
 #include "op/kept_sets.hpp"
 #include "op/preflight.hpp"
@@ -261,8 +263,6 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
   }
   saved->row_temperature.assign(opt.row_temperature.begin(), opt.row_temperature.end());
   saved->spec.row_temperature = saved->row_temperature;
-  if (opt.kept.given()) return forward_kept(logits, targets, c, comm, opt, std::move(saved));
-
   // 3-7. The full vocabulary: node partials, one all-gather, roots, logp.
   const auto full = [&](std::shared_ptr<SavedForward> saved) {
     std::vector<NodePartial> local(static_cast<std::size_t>(rows) * local_nodes.size());
@@ -319,20 +319,36 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
     return out;
   };
 
-  // Recomputed kept sets (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the full
-  // roots first where top-p needs the row's LSE, the selection (the same ids on every rank),
-  // then the kept forward over the selected ids.
+  // Kept sets, given or recomputed (docs/numerics.md "Recomputed kept sets (top-k, top-p)"): the
+  // full roots first where top-p needs the row's LSE, the selection (the same ids on every rank),
+  // then the kept forward over the ids; rows of only -1 in a mixed batch take the full outputs.
   const op::KeptSelectionParams params = op::selection_params(opt.kept);
-  if (!op::restricts_rows(params, rows)) return full(std::move(saved));
-  std::vector<float> full_lse;
-  if (op::needs_full_lse(params, rows)) full_lse = full(std::make_shared<SavedForward>(*saved)).lse;
-  const op::KeptSelection selected = op::select_kept_sets_of_logits(
-      comm, kernels_, c, logits, opt.row_temperature, params, full_lse, opt.exec);
-  ForwardOptions kept_opt = opt;
-  kept_opt.kept =
-      KeptSetOptions{.ids = selected.ids, .width = selected.width, .outside = opt.kept.outside};
-  LogprobResult out = forward_kept(logits, targets, c, comm, kept_opt, std::move(saved));
-  op::check_targets_selected(out.saved->outside_kept, targets, opt.kept.outside);
+  const bool recompute = op::restricts_rows(params, rows);
+  if (!opt.kept.given() && !recompute) return full(std::move(saved));
+  std::optional<LogprobResult> full_out;
+  std::vector<int64_t> ids;
+  int64_t width = opt.kept.width;
+  if (recompute) {
+    if (op::needs_full_lse(params, rows)) full_out = full(std::make_shared<SavedForward>(*saved));
+    op::KeptSelection selected = op::select_kept_sets_of_logits(
+        comm, kernels_, c, logits, opt.row_temperature, params,
+        full_out ? std::span<const float>(full_out->lse) : std::span<const float>{}, opt.exec);
+    ids = std::move(selected.ids);
+    width = selected.width;
+  } else {
+    ids = op::resolve_kept_ids(opt.kept.ids, rows, width);
+  }
+  if (recompute || opt.kept.empty_rows == EmptyKeptRow::full_vocabulary) {
+    saved->full_rows = op::full_vocabulary_rows(ids, rows, width);
+  }
+  if (op::any_row(saved->full_rows) && !full_out) {
+    full_out = full(std::make_shared<SavedForward>(*saved));
+  }
+  saved->kept = std::move(ids);
+  saved->kept_width = width;
+  LogprobResult out = forward_kept(logits, targets, c, comm, opt, std::move(saved),
+                                   full_out ? &*full_out : nullptr);
+  if (recompute) op::check_targets_selected(out.saved->outside_kept, targets, opt.kept.outside);
   return out;
 }
 
@@ -342,17 +358,19 @@ LogprobResult VocabParallelLogprob::forward_kept(const LogitsView& logits,
                                                  std::span<const int64_t> targets,
                                                  const LogprobContract& c, Communicator& comm,
                                                  const ForwardOptions& opt,
-                                                 std::shared_ptr<SavedForward> saved) const {
+                                                 std::shared_ptr<SavedForward> saved,
+                                                 const LogprobResult* full) const {
   const ShardingSpec& sh = c.sharding();
-  const int64_t width = opt.kept.width;
-  saved->kept = op::resolve_kept_ids(opt.kept.ids, logits.rows, width);
-  saved->kept_width = width;
+  const int64_t width = saved->kept_width;
   saved->kept_begin = sh.local_vocab_start();
   saved->real_vocab = sh.real_vocab_size();
   const ShardSpec& spec = saved->spec;
   op::KeptOutputs kept =
       op::kept_forward(comm, sh, kernels_, saved->kept, width, targets, saved->active, opt.entropy,
                        op::read_scores_of(logits, spec), opt.exec);
+  if (full != nullptr) {
+    op::take_full_rows(saved->full_rows, full->logp, full->lse, full->entropy, kept);
+  }
   if (opt.validate) op::check_finite_lse(c.mask().active_mask(), kept.lse, "local_logits");
   LogprobResult out;
   out.logp = std::move(kept.logp);
@@ -391,7 +409,11 @@ void VocabParallelLogprob::backward(const LogprobResult& fwd, const LogprobGrads
                     .grad_entropy = g.grad_entropy};
   if (s.kept_width > 0) {
     op::drop_outside_grad_logp(g_logp, s.outside_kept);
-    op::kept_backward(s.logits, s.spec, s.kept, s.kept_width, s.kept_begin, s.real_vocab, in, grad);
+    // A mixed batch: every row by the full backward (the saved LSE and entropy are the full ones
+    // on full rows), then the restricted rows overwritten by the kept backward.
+    if (op::any_row(s.full_rows)) s.kernels->backward(s.logits, s.spec, in, grad, s.exec);
+    op::kept_backward(s.logits, s.spec, s.kept, s.kept_width, s.kept_begin, s.real_vocab, in, grad,
+                      s.full_rows);
     return;
   }
   s.kernels->backward(s.logits, s.spec, in, grad, s.exec);
