@@ -310,8 +310,9 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     (``top_k``: 0 off, else 1 .. 1024) / a number (``top_p``: in (0, 1], 1 off), or tensors of
     the targets' shape (one per token): each token's kept set is recomputed from its scored
     logits (docs/numerics.md "Recomputed kept sets (top-k, top-p)"), the same set at every TP
-    degree, then scored as with ``kept_ids``. Not together with ``kept_ids``; every token must be
-    restricted (``top_k > 0`` or ``top_p < 1``), or none (the full-vocabulary call).
+    degree, then scored as with ``kept_ids``. Not together with ``kept_ids``. Tokens may mix: an
+    unrestricted token (``top_k`` 0 and ``top_p`` 1) is scored over the full vocabulary (the bits
+    of the call without kept sets, gradient included), the others over their kept sets.
     ``return_kept=True`` appends the call's kept sets: int64 ``[..., width]`` (each token's ids
     ascending, -1 padded; width 0 without kept sets). Eager only (not under torch.compile).
 

@@ -1,6 +1,7 @@
 """detlogp.sample (docs/python.md "Sampling on the rollout side"; docs/numerics.md "Sampling"):
 its outputs bitwise equal to vocab_parallel_logprobs of the sampled tokens (full rows, kept
-sets recomputed by top_k / top_p or given as kept_ids), top-N the ranking's first ids with their
+sets recomputed by top_k / top_p or given as kept_ids; a batch mixing restricted and
+unrestricted rows replayed whole by top_k / top_p), top-N the ranking's first ids with their
 logprobs, greedy rows, a row alone equal to the row in a batch and any row order, the output
 shapes, bad inputs named with the fix; at TP=3 over gloo with vLLM's unaligned bounds every
 output equal to TP=1, ranks that disagree or hold a bad input fail together."""
@@ -57,6 +58,29 @@ def test_outputs_are_the_trainers_logprobs_of_the_tokens(dtype):
         top = vocab_parallel_logprobs(x, out.top_ids[:, j], temperature=tau, softcap=25.0)
         assert_bitwise(out.top_logprobs[:, j], top, f"top logprob {j}")
     assert (out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mixed_batch_replays_whole_with_the_samplers_top_k_and_top_p(dtype):
+    # Restricted and unrestricted rows in one trainer call: each row scored as the sampler did.
+    x, seeds, positions, p = _problem(dtype)
+    out = detlogp.sample(x, seeds, positions, softcap=25.0, **p)
+    tau = _scored_at(p["temperature"])
+    lp, ent = vocab_parallel_logprobs(x, out.tokens, temperature=tau, top_k=p["top_k"],
+                                      top_p=p["top_p"], softcap=25.0, entropy=True)
+    assert_bitwise(lp, out.logprobs, "mixed batch, top_k/top_p recomputed")
+    r = (p["top_k"] > 0) | (p["top_p"] < 1)
+    _, full_ent = vocab_parallel_logprobs(x[~r], out.tokens[~r], temperature=tau[~r],
+                                          softcap=25.0, entropy=True)
+    assert_bitwise(ent[~r], full_ent, "unrestricted rows' entropy")
+    # Backward: the unrestricted rows' gradient is the plain call's.
+    xg = x.float().requires_grad_(True)
+    vocab_parallel_logprobs(xg, out.tokens, temperature=tau, top_k=p["top_k"], top_p=p["top_p"],
+                            softcap=25.0).sum().backward()
+    xf = x[~r].float().requires_grad_(True)
+    vocab_parallel_logprobs(xf, out.tokens[~r], temperature=tau[~r],
+                            softcap=25.0).sum().backward()
+    assert_bitwise(xg.grad[~r], xf.grad, "unrestricted rows' gradient")
 
 
 def test_greedy_rows_take_the_lowest_id_of_the_largest_logit():
