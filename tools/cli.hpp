@@ -57,6 +57,8 @@ struct LogprobOptions {
   std::optional<int32_t> top_k;  // every token's top_k of recomputed kept sets; none by default
   std::optional<float> top_p;    // every token's top_p of recomputed kept sets; none by default
   std::optional<float> softcap;  // the logit softcap; none by default
+  // What a --kept-ids row of only -1 gets: "error" or "full" (the full vocabulary).
+  std::string empty_kept = "error";
   std::string backend = "auto";
   std::string device = "cpu";
   bool entropy = false;

@@ -270,6 +270,7 @@ void write_outputs(const LogprobOptions& o, const LogprobInputs& in, const Score
   if (o.softcap) metadata["softcap"] = fmt::format("{}", *o.softcap);
   if (!o.row_temperature.empty()) metadata["row_temperature"] = o.row_temperature;
   if (!o.kept_ids.empty()) metadata["kept_ids"] = o.kept_ids;
+  if (o.empty_kept != "error") metadata["empty_kept"] = o.empty_kept;
   if (o.top_k) metadata["top_k"] = fmt::format("{}", *o.top_k);
   if (o.top_p) metadata["top_p"] = fmt::format("{}", *o.top_p);
   io::write_tensors_to(tensors_out, out, metadata);
@@ -313,7 +314,12 @@ int logprob_command(const LogprobOptions& o) {
       .tile_width = w,
       .temperature = o.temperature,
       .row_temperature = in.row_temperature,
-      .kept = {.ids = in.kept_ids, .width = in.kept_width, .top_k = in.top_k, .top_p = in.top_p},
+      .kept = {.ids = in.kept_ids,
+               .width = in.kept_width,
+               .empty_rows =
+                   o.empty_kept == "full" ? EmptyKeptRow::full_vocabulary : EmptyKeptRow::error,
+               .top_k = in.top_k,
+               .top_p = in.top_p},
       .softcap = o.softcap,
       .backend = o.backend,
       .platform = platform_of(device),

@@ -84,6 +84,11 @@ void add_logprob(CLI::App& app, LogprobOptions& o) {
                                "every token's kept set recomputed by top-p (in (0, 1]), within "
                                "--top-k when given");
   kept->excludes(top_k)->excludes(top_p);
+  app.add_option("--empty-kept", o.empty_kept,
+                 "a --kept-ids row of only -1: error (default) or full (scored over the full "
+                 "vocabulary, as without --kept-ids)")
+      ->check(CLI::IsMember({"error", "full"}))
+      ->needs(kept);
   app.add_option(
       "--softcap", o.softcap,
       "logit softcap: scores use cap * tanh(logits / cap) / temperature (default: none)");

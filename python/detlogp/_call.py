@@ -70,12 +70,12 @@ class LogitsCall:
     __slots__ = ("cpp", "backend_id", "platform", "logits", "view", "targets", "contract",
                  "comm", "deterministic", "validate", "entropy", "entropy_grad", "threads",
                  "rows_layout", "row_temperature", "kept_ids", "outside_neg_inf", "top_k",
-                 "top_p")
+                 "top_p", "empty_kept_full")
 
     def __init__(self, *, cpp, backend_id, platform, logits, view, targets, contract, comm,
                  deterministic, validate, entropy, entropy_grad, threads, rows_layout="",
                  row_temperature=None, kept_ids=None, outside_neg_inf=False, top_k=None,
-                 top_p=None):
+                 top_p=None, empty_kept_full=False):
         self.cpp, self.backend_id, self.platform = cpp, backend_id, platform
         self.logits, self.view, self.targets = logits, view, targets
         self.contract, self.comm = contract, comm
@@ -88,6 +88,7 @@ class LogitsCall:
         # Recomputed kept sets: int32 / float32 [rows] or None (docs/numerics.md "Recomputed
         # kept sets (top-k, top-p)").
         self.top_k, self.top_p = top_k, top_p
+        self.empty_kept_full = empty_kept_full  # kept ids all -1: the full vocabulary
 
     def _forward(self):
         with on_device(self.logits, self.platform):
@@ -97,7 +98,8 @@ class LogitsCall:
                 validate=self.validate, entropy=self.entropy, threads=self.threads,
                 entropy_grad=self.entropy_grad, rows_layout=self.rows_layout,
                 row_temperature=self.row_temperature, kept_ids=self.kept_ids,
-                outside_neg_inf=self.outside_neg_inf, top_k=self.top_k, top_p=self.top_p)
+                outside_neg_inf=self.outside_neg_inf, top_k=self.top_k, top_p=self.top_p,
+                empty_kept_full=self.empty_kept_full)
         return LogprobForward(handle, self.logits, self.platform, self.backend_id)
 
     def run(self, again=None):

@@ -25,7 +25,7 @@ from ._comm import communicator_for, exclusive, peers_fail_on_error
 from ._contract import LogprobContract, MaskSpec, ShardingSpec, _softcap, _temperature
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
-from ._kept import (kept_argument, outside_neg_inf, selection_argument, token_kept,
+from ._kept import (empty_kept_full, kept_argument, outside_neg_inf, selection_argument, token_kept,
                     token_selection)
 from ._names import lent, named
 from ._storage import check_stamp, stamp
@@ -132,8 +132,9 @@ class _FusedCall:
 
     def __init__(self, op, hv, wv, targets, contract, comm, entropy, validate, threads,
                  row_temperature=None, kept_ids=None, outside_neg_inf=False, top_k=None,
-                 top_p=None):
+                 top_p=None, empty_kept_full=False):
         self.op, self.hv, self.wv, self.targets = op, hv, wv, targets
+        self.empty_kept_full = empty_kept_full  # kept ids all -1: the full vocabulary
         self.top_k, self.top_p = top_k, top_p  # int32 / float32 NumPy [tokens] or None
         self.kept_ids = kept_ids  # int64 [tokens, K] (-1 padded) or None: the full vocabulary
         self.outside_neg_inf = outside_neg_inf
@@ -149,7 +150,8 @@ class _FusedCall:
             targets=self.targets, contract=self.contract._cpp, comm=self.comm,
             entropy=self.entropy, validate=self.validate, threads=self.threads,
             row_temperature=self.row_temperature, kept_ids=self.kept_ids,
-            outside_neg_inf=self.outside_neg_inf, top_k=self.top_k, top_p=self.top_p))
+            outside_neg_inf=self.outside_neg_inf, top_k=self.top_k, top_p=self.top_p,
+            empty_kept_full=self.empty_kept_full))
 
     def forward(self, inputs):
         hidden, weight = inputs
@@ -195,7 +197,8 @@ class _NoTokensCall:
 def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=None, contract=None,
                           entropy=False, temperature=1.0, tile_width=None, ignore_index=-100,
                           validate=True, threads=0, kernel="", softcap=None, kept_ids=None,
-                          outside_kept="error", top_k=None, top_p=None, return_kept=False):
+                          outside_kept="error", top_k=None, top_p=None, return_kept=False,
+                          empty_kept="error"):
     """``(logp, lse)`` or ``(logp, lse, entropy)`` (fp32 [tokens], replicated on every TP rank)
     of ``softmax(hidden @ weight.T / temperature)`` over the real vocabulary.
 
@@ -216,7 +219,9 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     order, -1 padded, K <= 1024): logp, LSE and entropy are over each token's kept set
     (docs/numerics.md "Kept sets"), ``weight.grad`` is nonzero only on kept rows.
     ``outside_kept``: "error" (a target outside its set raises) or "neg_inf" (logp -inf, no
-    logp gradient). ``top_k`` / ``top_p`` (None: off; a number or one per token): recomputed
+    logp gradient). ``empty_kept``: "error" (an active token whose ids are all -1 raises) or
+    "full" (it is scored over the full vocabulary, the bits of the call without kept sets).
+    ``top_k`` / ``top_p`` (None: off; a number or one per token): recomputed
     kept sets, as in ``detlogp.torch.vocab_parallel_logprobs`` (docs/python.md);
     ``return_kept=True`` appends the kept sets, int64 [tokens, width] (-1 padded; eager only).
 
@@ -229,10 +234,10 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     group and every rank's rows (``_dtensor.py``); a DTensor ``hidden`` gives DTensor outputs.
     """
     if _dtensor.any_dtensor(hidden, weight, targets):
-        if top_k is not None or top_p is not None or return_kept:
+        if top_k is not None or top_p is not None or return_kept or empty_kept != "error":
             raise LogprobContractError(
-                "top_k, top_p and return_kept are not available with DTensor inputs; pass the "
-                "local tensors and the group")
+                "top_k, top_p, empty_kept and return_kept are not available with DTensor "
+                "inputs; pass the local tensors and the group")
         return _dtensor.fused_linear_logprobs(
             _fused_call, hidden, weight, targets, group=group, contract=contract,
             real_vocab=real_vocab, entropy=entropy, temperature=temperature,
@@ -244,13 +249,13 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
                        tile_width=tile_width, ignore_index=ignore_index, validate=validate,
                        threads=threads, kernel=kernel, softcap=softcap, kept_ids=kept_ids,
                        outside_kept=outside_kept, top_k=top_k, top_p=top_p,
-                       return_kept=return_kept)
+                       return_kept=return_kept, empty_kept=empty_kept)
 
 
 def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperature,
                 tile_width, ignore_index, validate, threads, kernel, contract=None, bounds=None,
                 softcap=None, kept_ids=None, outside_kept="error", top_k=None, top_p=None,
-                return_kept=False):
+                return_kept=False, empty_kept="error"):
     """``fused_linear_logprobs`` on plain tensors; ``bounds``: every rank's weight rows
     (default: even shards)."""
     group = resolve_group(group, "fused_linear_logprobs", infer=contract is None)
@@ -290,7 +295,8 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
                      [check_int(v, "bounds") for b in bounds for v in b], _softcap(softcap),
                      row_temperature, None, None, False,  # loss_mask, vocab_start, leading_dims
                      _kept_tensor(kept_ids, hidden), outside_neg_inf(outside_kept),
-                     *selection_argument(top_k, top_p, tuple(hidden.shape[:1])))
+                     *selection_argument(top_k, top_p, tuple(hidden.shape[:1])),
+                     empty_kept_full(empty_kept))
         if contract is None:
             logp, lse, ent, saved = _ops.fused_linear_logprobs(hidden, weight, targets,
                                                                group_name, real_vocab, "", *rest)
@@ -307,7 +313,8 @@ def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperat
                     entropy=entropy, temperature=temperature, tile_width=tile_width,
                     ignore_index=ignore_index, validate=validate, threads=threads,
                     kernel=kernel, bounds=bounds, softcap=softcap, kept_ids=kept_ids,
-                    outside_neg_inf=outside_neg_inf(outside_kept), top_k=top_k, top_p=top_p)
+                    outside_neg_inf=outside_neg_inf(outside_kept), top_k=top_k, top_p=top_p,
+                    empty_kept_full=empty_kept_full(empty_kept))
     check_bool(return_kept, "return_kept")
     convert = torch.from_numpy if is_tensor(hidden) else (lambda a: a)
     if isinstance(call, _NoTokensCall):
@@ -353,7 +360,8 @@ def _kernel(kernel):
 
 def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, bounds=None, softcap=None,
-             active=None, kept_ids=None, outside_neg_inf=False, top_k=None, top_p=None):
+             active=None, kept_ids=None, outside_neg_inf=False, top_k=None, top_p=None,
+             empty_kept_full=False):
     """The call of ``fused_linear_logprobs`` over a resolved ``group``: a ``_FusedCall``, or a
     ``_NoTokensCall`` once every rank agreed that none has tokens. ``bounds``: every rank's
     weight rows (None: even shards); ``active``: which rows are scored (None: those whose
@@ -396,13 +404,14 @@ def _prepare(hidden, weight, targets, group, *, real_vocab, contract, entropy, t
         join_without_tokens(comm)
         return _NoTokensCall(hidden, weight, 3 if entropy else 2)
     return _FusedCall(op, hv, wv, tg, contract, comm, entropy, validate, threads,
-                      row_temperature, kept, outside_neg_inf, top_k, top_p)
+                      row_temperature, kept, outside_neg_inf, top_k, top_p, empty_kept_full)
 
 
 def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temperature,
              tile_width, ignore_index, validate, threads, kernel, vocab_bounds, softcap,
              row_temperature, loss_mask=None, vocab_start=None, leading_dims=False,
-             kept_ids=None, outside_neg_inf=False, top_k=None, top_p=None):
+             kept_ids=None, outside_neg_inf=False, top_k=None, top_p=None,
+             empty_kept_full=False):
     """The implementation of the op ``detlogp::fused_linear_logprobs`` up to its forward.
     ``leading_dims``: the call of ``fused_vocab_parallel_logprobs`` (hidden [..., H], targets,
     ``loss_mask`` and ``vocab_start`` as ``detlogp.torch`` reads them: _fused_tokens.py)."""
@@ -428,4 +437,4 @@ def _op_call(hidden, weight, targets, group, real_vocab, contract, entropy, temp
                     temperature=temperature, tile_width=tile_width, ignore_index=ignore_index,
                     validate=validate, threads=threads, kernel=kernel, bounds=bounds,
                     softcap=softcap, kept_ids=kept_ids, outside_neg_inf=outside_neg_inf,
-                    top_k=top_k, top_p=top_p)
+                    top_k=top_k, top_p=top_p, empty_kept_full=empty_kept_full)

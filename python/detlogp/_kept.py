@@ -9,10 +9,11 @@ import numpy as np
 from ._buffers import is_tensor
 from ._detlogp import LogprobContractError
 
-__all__ = ["kept_argument", "outside_neg_inf", "token_kept", "selection_argument",
+__all__ = ["kept_argument", "outside_neg_inf", "empty_kept_full", "token_kept", "selection_argument",
            "row_selection", "token_selection", "kept_output"]
 
 _OUTSIDE = {"error": False, "neg_inf": True}
+_EMPTY = {"error": False, "full": True}
 
 
 def kept_argument(kept_ids, lead_shape):
@@ -45,6 +46,15 @@ def outside_neg_inf(outside_kept):
         raise LogprobContractError(
             f"outside_kept must be 'error' or 'neg_inf'; got {outside_kept!r}")
     return _OUTSIDE[outside_kept]
+
+
+def empty_kept_full(empty_kept):
+    """``empty_kept`` ("error" or "full") as the op's bool: whether a token whose kept ids are
+    all -1 is scored over the full vocabulary (an unrestricted row of a rollout batch, as
+    ``detlogp.sample``'s ``kept`` has it) instead of raising."""
+    if not isinstance(empty_kept, str) or empty_kept not in _EMPTY:
+        raise LogprobContractError(f"empty_kept must be 'error' or 'full'; got {empty_kept!r}")
+    return _EMPTY[empty_kept]
 
 
 def token_kept(kept_ids):

@@ -121,14 +121,15 @@ def vocab_parallel_logprobs(
         entropy_grad: bool, cache: str, softcap: Optional[float],
         row_temperature: Optional[Tensor] = None, kept_ids: Optional[Tensor] = None,
         outside_neg_inf: bool = False, top_k: Optional[Tensor] = None,
-        top_p: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+        top_p: Optional[Tensor] = None,
+        empty_kept_full: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """(logp, entropy or an empty tensor, saved state) of ``detlogp.torch``'s call."""
     from . import torch as api
 
     call = api._op_call(logits, targets, loss_mask, group, real_vocab, ignore_index,
                         temperature, entropy, deterministic, vocab_start, vocab_bounds,
                         threads, tile_width, entropy_grad, cache, softcap, row_temperature,
-                        kept_ids, outside_neg_inf, top_k, top_p)
+                        kept_ids, outside_neg_inf, top_k, top_p, empty_kept_full)
     outputs = call.forward((logits,))
     ent = outputs[1] if entropy else torch.zeros(0, dtype=torch.float32, device=logits.device)
     return outputs[0], ent, _save(call)
@@ -138,7 +139,7 @@ def vocab_parallel_logprobs(
 def _(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
       deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad, cache,
       softcap, row_temperature=None, kept_ids=None, outside_neg_inf=False, top_k=None,
-      top_p=None):
+      top_p=None, empty_kept_full=False):
     logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
     ent = logp.new_empty(logits.shape[:-1] if entropy else (0,))
     return logp, ent, _saved_like(logits)
@@ -178,7 +179,7 @@ def _logprobs_backward(ctx, grad_logp, grad_entropy, grad_saved):
     grad = None
     if grad_logp is not None or grad_entropy is not None:
         grad = vocab_parallel_logprobs_backward(logits, saved, grad_logp, grad_entropy)
-    return (grad,) + (None,) * 20
+    return (grad,) + (None,) * 21
 
 
 vocab_parallel_logprobs.register_autograd(_logprobs_backward, setup_context=_logprobs_setup)
@@ -197,7 +198,8 @@ def fused_linear_logprobs(
         vocab_start: Optional[int] = None,
         leading_dims: bool = False, kept_ids: Optional[Tensor] = None,
         outside_neg_inf: bool = False, top_k: Optional[Tensor] = None,
-        top_p: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        top_p: Optional[Tensor] = None,
+        empty_kept_full: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(logp, lse, entropy or an empty tensor, saved state) of ``fused_linear_logprobs``
     (hidden [tokens, H]) or, with ``leading_dims``, of ``fused_vocab_parallel_logprobs``
     (hidden [..., H]: outputs of its leading shape); ``vocab_bounds``: every rank's weight
@@ -207,7 +209,8 @@ def fused_linear_logprobs(
     call = _fused._op_call(hidden, weight, targets, group, real_vocab, contract, entropy,
                            temperature, tile_width, ignore_index, validate, threads, kernel,
                            vocab_bounds, softcap, row_temperature, loss_mask, vocab_start,
-                           leading_dims, kept_ids, outside_neg_inf, top_k, top_p)
+                           leading_dims, kept_ids, outside_neg_inf, top_k, top_p,
+                           empty_kept_full)
     outputs = call.forward((hidden, weight))
     ent = outputs[2] if entropy else torch.zeros(0, dtype=torch.float32)
     return outputs[0], outputs[1], ent, _save(call)
@@ -217,7 +220,7 @@ def fused_linear_logprobs(
 def _(hidden, weight, targets, group, real_vocab, contract, entropy, temperature, tile_width,
       ignore_index, validate, threads, kernel, vocab_bounds, softcap, row_temperature=None,
       loss_mask=None, vocab_start=None, leading_dims=False, kept_ids=None,
-      outside_neg_inf=False, top_k=None, top_p=None):
+      outside_neg_inf=False, top_k=None, top_p=None, empty_kept_full=False):
     logp = hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
     return (logp, torch.empty_like(logp), logp.new_empty(hidden.shape[:-1] if entropy else (0,)),
             _saved_like(hidden))
@@ -266,7 +269,7 @@ def _fused_backward(ctx, grad_logp, grad_lse, grad_entropy, grad_saved):
             grad_logp is None and grad_lse is None and grad_entropy is None):
         gh, gw = fused_linear_logprobs_backward(hidden, weight, saved, grad_logp, grad_lse,
                                                 grad_entropy, want_hidden, want_weight)
-    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 21
+    return (gh if want_hidden else None, gw if want_weight else None) + (None,) * 22
 
 
 fused_linear_logprobs.register_autograd(_fused_backward, setup_context=_fused_setup)

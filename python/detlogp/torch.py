@@ -37,7 +37,8 @@ from detlogp._dtypes import name_of_tensor
 from detlogp._fused import fused_linear_logprobs, linear_logits  # the fused lm_head (docs/fused.md)
 from detlogp._fused_tokens import fused_vocab_parallel_logprobs  # its drop-in for this API
 from detlogp._group import resolve_group
-from detlogp._kept import (kept_argument, kept_output, outside_neg_inf, row_selection,
+from detlogp._kept import (empty_kept_full, kept_argument, kept_output, outside_neg_inf,
+                          row_selection,
                            selection_argument, token_kept)
 from detlogp._layout import (cover_view, from_rows, in_token_order, logits_cover, row_grad,
                              to_rows)
@@ -68,6 +69,7 @@ class _Prepared:
                  "deterministic", "cache", "dtype", "device", "logits", "tokens", "key",
                  "make_sharding", "platform", "entropy", "entropy_grad", "fwd",
                  "constant_outputs", "token_temperature", "token_kept", "outside_neg_inf",
+                 "empty_kept_full",
                  "token_top_k", "token_top_p")
 
     @property
@@ -117,7 +119,7 @@ class _Prepared:
 def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_index,
              temperature, deterministic, vocab_start, threads, tile_width, entropy,
              entropy_grad, softcap=None, kept_ids=None, outside_neg_inf=False, top_k=None,
-             top_p=None):
+             top_p=None, empty_kept_full=False):
     if not isinstance(logits, torch.Tensor):
         raise LogprobContractError(f"logits must be a torch.Tensor; got {type(logits).__name__}")
     platform = platform_of(logits, "logits")
@@ -149,6 +151,7 @@ def _prepare(logits, targets, comm, cache, *, real_vocab, loss_mask, ignore_inde
     kept_argument(kept_ids, lead_shape)
     p.token_kept = None if kept_ids is None else torch.from_numpy(token_kept(kept_ids))
     p.outside_neg_inf = outside_neg_inf
+    p.empty_kept_full = empty_kept_full
     p.token_top_k, p.token_top_p = selection_argument(top_k, top_p, lead_shape)
     p.logits, p.tokens = logits, (flat_targets, active, ign)
     p.key = (dtype, tp, rank, bounds, real, padded, temperature, tile_width, deterministic, ign,
@@ -227,7 +230,7 @@ def _bind(p, cover):
         entropy_grad=p.entropy_grad or not p.entropy, threads=p.threads,
         rows_layout=cover.layout if tp > 1 else "", row_temperature=row_temperature,
         kept_ids=kept_rows, outside_neg_inf=p.outside_neg_inf, top_k=top_k_rows,
-        top_p=top_p_rows)
+        top_p=top_p_rows, empty_kept_full=p.empty_kept_full)
 
 
 def _outputs(fwd, cover, entropy):
@@ -275,7 +278,7 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                             deterministic=True, vocab_start=None, threads=None,
                             tile_width=None, entropy_grad=True, return_contract=False,
                             cache=None, softcap=None, kept_ids=None, outside_kept="error",
-                            top_k=None, top_p=None, return_kept=False):
+                            top_k=None, top_p=None, return_kept=False, empty_kept="error"):
     """Selected-token log-probabilities over a vocab-sharded (TP) vocabulary, bit-for-bit the
     same at every TP degree, with autograd.
 
@@ -305,7 +308,10 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     -1 padded, K <= 1024): logp and entropy are then over each token's kept set S (``logp =
     z[target] - logsumexp_S(z)``, docs/numerics.md "Kept sets") and the gradient flows only into
     kept columns. ``outside_kept``: "error" (a target outside its set raises) or "neg_inf"
-    (its logp is -inf, with no gradient).
+    (its logp is -inf, with no gradient). ``empty_kept``: "error" (an active token whose ids
+    are all -1 raises) or "full" (such a token is scored over the full vocabulary, the bits of
+    the call without ``kept_ids``: a rollout batch's unrestricted rows, ``detlogp.sample``'s
+    ``kept`` handed back whole).
     ``top_k`` / ``top_p`` (None: off): recomputed kept sets, the sampler's parameters as an int
     (``top_k``: 0 off, else 1 .. 1024) / a number (``top_p``: in (0, 1], 1 off), or tensors of
     the targets' shape (one per token): each token's kept set is recomputed from its scored
@@ -323,10 +329,10 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
     ``vocab_start`` table come from the mesh, the outputs are DTensors (``_dtensor.py``).
     """
     if _dtensor.any_dtensor(logits, targets, loss_mask):
-        if top_k is not None or top_p is not None or return_kept:
+        if top_k is not None or top_p is not None or return_kept or empty_kept != "error":
             raise LogprobContractError(
-                "top_k, top_p and return_kept are not available with DTensor logits; pass the "
-                "local shards and the group")
+                "top_k, top_p, empty_kept and return_kept are not available with DTensor "
+                "logits; pass the local shards and the group")
         return _dtensor.vocab_parallel_logprobs(
             vocab_parallel_logprobs, logits, targets, group=group, vocab_start=vocab_start,
             loss_mask=loss_mask, real_vocab=real_vocab, ignore_index=ignore_index,
@@ -341,13 +347,13 @@ def vocab_parallel_logprobs(logits, targets, *, group=None, real_vocab=None, los
                      tile_width=tile_width, entropy_grad=entropy_grad,
                      return_contract=return_contract, cache=cache, softcap=softcap,
                      kept_ids=kept_ids, outside_kept=outside_kept, top_k=top_k, top_p=top_p,
-                     return_kept=return_kept)
+                     return_kept=return_kept, empty_kept=empty_kept)
 
 
 def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, temperature,
               entropy, deterministic, vocab_start, threads, tile_width, entropy_grad,
               return_contract, cache, softcap, kept_ids, outside_kept, top_k=None, top_p=None,
-              return_kept=False):
+              return_kept=False, empty_kept="error"):
     """``vocab_parallel_logprobs`` over a resolved ``group``: its arguments checked and put
     in the op's schema types, then the op ``detlogp::vocab_parallel_logprobs`` (_ops.py), whose
     implementation is ``_op_call``. This is what ``torch.compile`` traces."""
@@ -378,7 +384,8 @@ def _logprobs(logits, targets, group, *, real_vocab, loss_mask, ignore_index, te
             check_optional_int(tile_width, "tile_width"), entropy_grad,
             "" if cache is None else cache.op_name, _softcap(softcap), token_temperatures,
             kept_argument(kept_ids, tuple(logits.shape[:-1])), outside_neg_inf(outside_kept),
-            *selection_argument(top_k, top_p, tuple(logits.shape[:-1])))
+            *selection_argument(top_k, top_p, tuple(logits.shape[:-1])),
+            empty_kept_full(empty_kept))
     if torch.compiler.is_compiling():
         if return_kept:
             raise LogprobContractError(
@@ -440,7 +447,7 @@ _LAST = _Last()  # the contract of this thread's last call (return_contract=True
 def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temperature, entropy,
              deterministic, vocab_start, vocab_bounds, threads, tile_width, entropy_grad,
              cache, softcap, row_temperature, kept_ids=None, outside_neg_inf=False, top_k=None,
-             top_p=None):
+             top_p=None, empty_kept_full=False):
     """The implementation of the op ``detlogp::vocab_parallel_logprobs`` up to its forward: the
     ``_Prepared`` call (checked, converted, bound to its contract and dispatch)."""
     cache = DEFAULT_CACHE if not cache else _ops.named(cache)
@@ -456,7 +463,7 @@ def _op_call(logits, targets, loss_mask, group, real_vocab, ignore_index, temper
                         vocab_start=vocab_start, threads=threads, tile_width=tile_width,
                         entropy=entropy, entropy_grad=entropy_grad, softcap=softcap,
                         kept_ids=kept_ids, outside_neg_inf=outside_neg_inf, top_k=top_k,
-                        top_p=top_p)
+                        top_p=top_p, empty_kept_full=empty_kept_full)
     _LAST.contract = prep.contract
     if not prep.empty and prep.call is None:
         raise _PythonDefined(prep)

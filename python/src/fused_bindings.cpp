@@ -66,7 +66,7 @@ std::shared_ptr<FusedHandle> fused_forward(
     const std::shared_ptr<detlogp::Communicator>& comm, bool entropy, bool validate, int threads,
     const std::optional<F32Array>& row_temperature, const std::optional<I64Array>& kept_ids,
     bool outside_neg_inf, const std::optional<I32Array>& top_k,
-    const std::optional<F32Array>& top_p) {
+    const std::optional<F32Array>& top_p, bool empty_kept_full) {
   if (row_temperature && row_temperature->ndim() != 1) {
     throw detlogp::ContractError("row_temperature must be 1-D [tokens]");
   }
@@ -78,7 +78,8 @@ std::shared_ptr<FusedHandle> fused_forward(
   const detlogp::LogitsView hv = view_of(hidden, "hidden dtype");
   const detlogp::LogitsView wv = view_of(weight, "weight dtype");
   const std::span<const int64_t> tg = span_of(targets);
-  const detlogp::KeptSetOptions kept = kept_options(kept_ids, outside_neg_inf, top_k, top_p);
+  const detlogp::KeptSetOptions kept =
+      kept_options(kept_ids, outside_neg_inf, top_k, top_p, empty_kept_full);
   py::gil_scoped_release nogil;
   with_comm(comm, [&](detlogp::Communicator& c) {
     h->result = h->op->forward(hv, wv, tg, contract, c,
@@ -146,7 +147,7 @@ void bind_fused(py::module_& m) {
         py::arg("comm"), py::arg("entropy"), py::arg("validate"), py::arg("threads"),
         py::arg("row_temperature") = py::none(), py::arg("kept_ids") = py::none(),
         py::arg("outside_neg_inf") = false, py::arg("top_k") = py::none(),
-        py::arg("top_p") = py::none());
+        py::arg("top_p") = py::none(), py::arg("empty_kept_full") = false);
   m.def("linear_logits", &linear_logits, py::kw_only(), py::arg("hidden"), py::arg("weight"),
         py::arg("out"), py::arg("threads"), py::arg("kernel"));
   m.def("fused_kernel_names", &detlogp::fused_kernel_names);

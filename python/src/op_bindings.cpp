@@ -58,17 +58,18 @@ std::shared_ptr<ForwardHandle> run_forward(
     int threads, bool entropy_grad, const std::string& rows_layout,
     const std::optional<F32Array>& row_temperature, const std::optional<I64Array>& kept_ids,
     bool outside_neg_inf, const std::optional<I32Array>& top_k,
-    const std::optional<F32Array>& top_p) {
+    const std::optional<F32Array>& top_p, bool empty_kept_full) {
   if (!op) throw ContractError("op must be a LogprobOp");
   const detlogp::LogitsView view = detlogp_python::view_of(logits, kLogitsDtype);
-  const detlogp::ForwardOptions opt{.deterministic = deterministic,
-                                    .validate = validate,
-                                    .entropy = entropy,
-                                    .entropy_grad = entropy_grad,
-                                    .exec = {.threads = threads},
-                                    .rows_layout = rows_layout,
-                                    .row_temperature = span_of(row_temperature),
-                                    .kept = kept_options(kept_ids, outside_neg_inf, top_k, top_p)};
+  const detlogp::ForwardOptions opt{
+      .deterministic = deterministic,
+      .validate = validate,
+      .entropy = entropy,
+      .entropy_grad = entropy_grad,
+      .exec = {.threads = threads},
+      .rows_layout = rows_layout,
+      .row_temperature = span_of(row_temperature),
+      .kept = kept_options(kept_ids, outside_neg_inf, top_k, top_p, empty_kept_full)};
   if (row_temperature && row_temperature->ndim() != 1) {
     throw ContractError("row_temperature must be 1-D [rows]");
   }
@@ -159,7 +160,8 @@ void bind_op(py::module_& m) {
            py::arg("validate"), py::arg("entropy"), py::arg("threads"), py::arg("entropy_grad"),
            py::arg("rows_layout"), py::arg("row_temperature") = py::none(),
            py::arg("kept_ids") = py::none(), py::arg("outside_neg_inf") = false,
-           py::arg("top_k") = py::none(), py::arg("top_p") = py::none());
+           py::arg("top_k") = py::none(), py::arg("top_p") = py::none(),
+           py::arg("empty_kept_full") = false);
 
   m.def("in_process_forward", &in_process_forward, py::kw_only(), py::arg("op"), py::arg("dtype"),
         py::arg("shards"), py::arg("contracts"), py::arg("targets"), py::arg("deterministic"),

@@ -58,15 +58,19 @@ inline std::span<const float> span_of(const std::optional<F32Array>& a) {
   return {a->data(), static_cast<std::size_t>(a->size())};
 }
 
-// The kept sets of a call (detlogp/kept_set.hpp): none, or [rows, width] ids, -1 padded, or
-// the per-row top_k / top_p of recomputed kept sets ([rows] each; the arrays must outlive the
-// call, as the caller's do).
+// The kept sets of a call (detlogp/kept_set.hpp): none, or [rows, width] ids, -1 padded (rows
+// of only -1 scored over the full vocabulary with empty_kept_full), or the per-row top_k /
+// top_p of recomputed kept sets ([rows] each; the arrays must outlive the call, as the
+// caller's do).
 inline detlogp::KeptSetOptions kept_options(const std::optional<I64Array>& ids,
                                             bool outside_neg_inf,
                                             const std::optional<I32Array>& top_k = std::nullopt,
-                                            const std::optional<F32Array>& top_p = std::nullopt) {
-  detlogp::KeptSetOptions kept{.outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf
-                                                          : detlogp::OutsideKept::error};
+                                            const std::optional<F32Array>& top_p = std::nullopt,
+                                            bool empty_kept_full = false) {
+  detlogp::KeptSetOptions kept{
+      .outside = outside_neg_inf ? detlogp::OutsideKept::neg_inf : detlogp::OutsideKept::error,
+      .empty_rows =
+          empty_kept_full ? detlogp::EmptyKeptRow::full_vocabulary : detlogp::EmptyKeptRow::error};
   if (top_k) kept.top_k = {top_k->data(), static_cast<std::size_t>(top_k->size())};
   if (top_p) kept.top_p = {top_p->data(), static_cast<std::size_t>(top_p->size())};
   if (!ids) return kept;

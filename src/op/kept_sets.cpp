@@ -82,7 +82,8 @@ void check_kept_ids(const KeptSetOptions& kept, int64_t rows, std::span<const in
       fail_kept(ErrorCode::empty,
                 fmt::format("kept_ids row {} is an active row with no kept id (only -1): give "
                             "every active row at least its target, mask the row out, or pass "
-                            "empty_kept=full to score rows of only -1 over the full vocabulary",
+                            "empty_kept=full (CLI: --empty-kept full) to score rows of only -1 "
+                            "over the full vocabulary",
                             i));
     }
     if (kept.outside == OutsideKept::error && !holds_target) {

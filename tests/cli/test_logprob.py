@@ -376,3 +376,42 @@ def test_top_k_top_p_equal_the_kept_ids_of_the_selected_sets(inputs):
     p = run_cli(*common, "--top-k", 3, "--kept-ids", "kept.npy", "--out", "bad.safetensors",
                 cwd=d)
     assert p.returncode != 0 and "excludes" in p.stderr, p.stderr
+
+
+def test_empty_kept_full_scores_rows_of_only_minus_one_over_the_full_vocabulary(inputs):
+    """--empty-kept full: a --kept-ids row of only -1 (an unrestricted row of a rollout batch)
+    gets the bits of the run without --kept-ids, gradient included; the other rows those of
+    their kept set; the same bits at every --tp; without it such an active row exits 2."""
+    d = inputs["dir"]
+    t, mask = inputs["t"], inputs["mask"]
+    ids = np.full((ROWS, 4), -1, np.int64)
+    restricted = [1, 3, 6]
+    for r in restricted:
+        ids[r, :3] = [t[r], (t[r] + 1) % REAL, (t[r] + 500) % REAL]
+    save_npy(d, logits=inputs["x"], targets=t, mask=mask, gl=inputs["gl"], gL=inputs["gL"],
+             gH=inputs["gH"], kept=ids)
+    common = ["logprob", "--logits", "logits.npy", "--targets", "targets.npy", "--mask",
+              "mask.npy", "--real-vocab", REAL, "--entropy", "--grad-logp", "gl.npy",
+              "--grad-lse", "gL.npy", "--grad-entropy", "gH.npy", "--tile-width", 64]
+    for tp in (1, 3):
+        p = run_cli(*common, "--tp", tp, "--kept-ids", "kept.npy", "--empty-kept", "full",
+                    "--out", f"mixed{tp}.safetensors", cwd=d)
+        assert p.returncode == 0, p.stderr
+    p = run_cli(*common, "--tp", 1, "--out", "plain.safetensors", cwd=d)
+    assert p.returncode == 0, p.stderr
+    mixed, meta = read_safetensors(d / "mixed1.safetensors")
+    assert meta["empty_kept"] == "full"
+    plain, _ = read_safetensors(d / "plain.safetensors")
+    full_rows = [r for r in range(ROWS) if r not in restricted]
+    for k in ("logp", "lse", "entropy", "grad_logits"):
+        assert (raw_tensor_bytes(d / "mixed3.safetensors", k)
+                == raw_tensor_bytes(d / "mixed1.safetensors", k)), k
+        a, b = mixed[k][1][full_rows], plain[k][1][full_rows]
+        assert a.tobytes() == b.tobytes(), k
+    g = mixed["grad_logits"][1]
+    for r in restricted:
+        outside = np.ones(PADDED, bool)
+        outside[ids[r][ids[r] >= 0]] = False
+        assert np.all(g[r][outside] == 0)
+    p = run_cli(*common, "--kept-ids", "kept.npy", "--out", "bad.safetensors", cwd=d)
+    assert p.returncode == 2 and "empty_kept=full" in p.stderr, p.stderr

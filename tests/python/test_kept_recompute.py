@@ -1,7 +1,8 @@
 """Recomputed kept sets from Python: top_k= / top_p= (a number or a tensor of the targets'
 shape) and return_kept= on vocab_parallel_logprobs. The call equals the call given the returned
 sets as kept_ids (bitwise: logp, entropy, gradient), the sets are the float64 oracle's rule on
-the scored logits, a scalar is every token's, an unrestricted call is the plain one; TP=2 over
+the scored logits, a scalar is every token's, an unrestricted call is the plain one, a call
+mixing restricted and unrestricted tokens scores each as its own call would; TP=2 over
 gloo gives the TP=1 bits and sets (rank 0 reading Megatron's transposed view), and a top_k that
 differs on one rank fails every rank; bad arguments raise naming the field."""
 
@@ -94,8 +95,6 @@ def test_unrestricted_is_the_plain_call():
 @pytest.mark.parametrize("kw, field, text", [
     ({"top_k": 2000}, "top_k", "top_k of row"),
     ({"top_p": 0.0}, "top_p", "top_p of row"),
-    ({"top_k": torch.tensor([[5, 0, 5, 5, 5]] * 3, dtype=torch.int32)}, "top_k",
-     "every row needs top_k or top_p < 1"),
     ({"top_k": 5, "kept_ids": torch.zeros(3, 5, 1, dtype=torch.int64)}, "kept_ids",
      "pass either kept_ids or top_k/top_p"),
 ])
@@ -229,6 +228,37 @@ def test_fused_equals_the_call_given_the_returned_sets_and_the_logits_ops_sets()
     plain = _fused(hidden, weight, targets)
     assert_bitwise(off[0], plain[0], "unrestricted")
     assert off[3].shape == (12, 0)
+
+
+def test_fused_mixed_rows_are_the_plain_and_the_kept_calls_rows():
+    # Restricted and unrestricted rows in one call: each row as its own call would score it.
+    hidden, weight, top_k, top_p = _fused_inputs()
+    off = torch.tensor([1, 4, 5, 10])
+    top_k, top_p = top_k.clone(), top_p.clone()
+    top_k[off], top_p[off] = 0, 1.0
+    probe = _fused(hidden, weight, torch.zeros(12, dtype=torch.int64), top_k=top_k, top_p=top_p)
+    kept = probe[3]
+    assert (kept[off] == -1).all() and (kept[top_k.ne(0) | top_p.lt(1)][:, 0] >= 0).all()
+    targets = torch.where(kept[:, 0] >= 0, kept[:, 0], torch.arange(12) * 71)
+    got = _fused(hidden, weight, targets, top_k=top_k, top_p=top_p)
+    plain = _fused(hidden, weight, targets)
+    for j, name in ((0, "logp"), (1, "lse"), (2, "entropy"), (4, "hidden grad")):
+        assert_bitwise(got[j][off], plain[j][off], f"unrestricted rows' {name}")
+    restricted = kept.clone()
+    restricted[off, 0] = targets[off]  # the unrestricted rows given a set: a kept-set call
+    want = _fused(hidden, weight, targets, kept_ids=restricted)
+    on = torch.ones(12, dtype=torch.bool)
+    on[off] = False
+    for j, name in ((0, "logp"), (1, "lse"), (2, "entropy"), (4, "hidden grad")):
+        assert_bitwise(got[j][on], want[j][on], f"restricted rows' {name}")
+    # The returned sets given back whole, rows of only -1 over the full vocabulary.
+    given = _fused(hidden, weight, targets, kept_ids=kept, empty_kept="full")
+    for a, b, name in zip(got, given, ("logp", "lse", "entropy", "kept", "hidden grad",
+                                        "weight grad")):
+        if name != "kept":
+            assert_bitwise(a, b, name)
+    with pytest.raises(LogprobContractError, match="empty_kept=full"):
+        _fused(hidden, weight, targets, kept_ids=kept)
 
 
 def test_fused_numpy_inputs_give_the_tensor_calls_sets():

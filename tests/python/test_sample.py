@@ -1,7 +1,7 @@
 """detlogp.sample (docs/python.md "Sampling on the rollout side"; docs/numerics.md "Sampling"):
 its outputs bitwise equal to vocab_parallel_logprobs of the sampled tokens (full rows, kept
 sets recomputed by top_k / top_p or given as kept_ids; a batch mixing restricted and
-unrestricted rows replayed whole by top_k / top_p), top-N the ranking's first ids with their
+unrestricted rows replayed whole by top_k / top_p, or by kept_ids with empty_kept="full"), top-N the ranking's first ids with their
 logprobs, greedy rows, a row alone equal to the row in a batch and any row order, the output
 shapes, bad inputs named with the fix; at TP=3 over gloo with vLLM's unaligned bounds every
 output equal to TP=1, ranks that disagree or hold a bad input fail together."""
@@ -74,13 +74,21 @@ def test_a_mixed_batch_replays_whole_with_the_samplers_top_k_and_top_p(dtype):
                                           softcap=25.0, entropy=True)
     assert_bitwise(ent[~r], full_ent, "unrestricted rows' entropy")
     # Backward: the unrestricted rows' gradient is the plain call's.
-    xg = x.float().requires_grad_(True)
+    xg = x.detach().clone().float().requires_grad_(True)
     vocab_parallel_logprobs(xg, out.tokens, temperature=tau, top_k=p["top_k"], top_p=p["top_p"],
                             softcap=25.0).sum().backward()
-    xf = x[~r].float().requires_grad_(True)
+    xf = x[~r].detach().clone().float().requires_grad_(True)
     vocab_parallel_logprobs(xf, out.tokens[~r], temperature=tau[~r],
                             softcap=25.0).sum().backward()
     assert_bitwise(xg.grad[~r], xf.grad, "unrestricted rows' gradient")
+    # The sampler's kept sets handed back whole: all -1 rows over the full vocabulary.
+    given = vocab_parallel_logprobs(x, out.tokens, temperature=tau, softcap=25.0,
+                                    kept_ids=out.kept, empty_kept="full")
+    assert_bitwise(given, out.logprobs, "mixed batch, kept_ids= with empty_kept='full'")
+    with pytest.raises(detlogp.LogprobContractError, match="empty_kept=full"):
+        vocab_parallel_logprobs(x, out.tokens, temperature=tau, softcap=25.0, kept_ids=out.kept)
+    with pytest.raises(detlogp.LogprobContractError, match="'error' or 'full'"):
+        vocab_parallel_logprobs(x, out.tokens, kept_ids=out.kept, empty_kept="all")
 
 
 def test_greedy_rows_take_the_lowest_id_of_the_largest_logit():
