@@ -70,6 +70,10 @@ struct FusedTraffic {
   int64_t preflight_bytes_per_rank = 0;
   int64_t forward_payload_bytes_per_rank = 0;   // node partials + target logits
   int64_t backward_payload_bytes_per_rank = 0;  // grad_hidden node partials, fp32
+  // Shard bounds that split tiles (0 when the bounds are tile-aligned): the boundary fragments'
+  // fp32 logits in forward, their lm_head weight rows in backward (when grad_hidden is computed).
+  int64_t forward_fragment_bytes_per_rank = 0;
+  int64_t backward_fragment_bytes_per_rank = 0;
 };
 
 class FusedLinearLogprob {

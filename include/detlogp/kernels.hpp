@@ -125,9 +125,11 @@ inline void ShardKernels::read_target_logits(const LogitsView& shard, const Shar
 // rank's rows of the lm_head weight (docs/fused.md). The logits of a tile are never stored
 // beyond one [row_block, W] block per thread.
 struct FusedShard {
-  LogitsView hidden;        // [rows, H]
-  LogitsView weight;        // [local_vocab, H]: vocabulary rows [vocab_start, + local_vocab)
-  int64_t vocab_start = 0;  // global vocabulary row of weight row 0; a multiple of W
+  LogitsView hidden;  // [rows, H]
+  LogitsView weight;  // [local_vocab, H]: vocabulary rows [vocab_start, + local_vocab)
+  // Global vocabulary row of weight row 0: a multiple of W, except where a kernel says so
+  // (FusedKernels::supports_unaligned_bounds: grad_weight of a shard holding part of a tile).
+  int64_t vocab_start = 0;
   TileGeometry geometry = {};
   float temperature = 1.0f;  // z = dot(hidden row, weight row) / temperature
   float softcap = 0.0f;      // 0: none; else the dot is softcapped before the temperature
@@ -154,6 +156,14 @@ class FusedKernels {
 
   // The shard kernels of the same canon, whose merge_roots rebuilds the LSE and entropy.
   virtual const ShardKernels& shard_kernels() const = 0;
+
+  // Whether the operator may run these kernels on shard bounds that split tiles across ranks
+  // (op/boundary_fragments.hpp: the tile's owner computes it from the fragments' logits and, in
+  // backward, weight rows, in host memory). Such kernels accept in `backward` without hidden sums a
+  // shard that starts or ends inside a tile (grad_weight of those columns only, each a chain over
+  // the tokens), and in read_target_logits, kept_backward and linear_logits any vocab_start. The
+  // CPU kernels do.
+  virtual bool supports_unaligned_bounds() const { return false; }
 
   // As ShardKernels::node_partials, for nodes inside the shard (e.g. its canonical cover):
   // out[row * nodes.size() + j].

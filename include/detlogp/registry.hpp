@@ -86,8 +86,8 @@ Backend cpu_backend(std::string name, std::string backend_id, std::string_view k
 // kept sets when `kept_sets` (likewise);
 // the canonical tile tree. What a backend that runs the whole canon declares (the canonical CPU
 // backends, the fused lm_head, CUDA).
-// Unaligned shard bounds when `unaligned_bounds` (the logits op on the CPU kernels; not the
-// fused lm_head nor the CUDA kernels).
+// Unaligned shard bounds when `unaligned_bounds` (the logits op and the fused lm_head on the CPU
+// kernels; not the CUDA kernels).
 BackendCapability canon_capability(std::string_view backend_id, ImplementationKind kind,
                                    bool softcap = true, bool kept_sets = true,
                                    bool unaligned_bounds = true);

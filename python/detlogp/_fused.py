@@ -198,7 +198,7 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
                           entropy=False, temperature=1.0, tile_width=None, ignore_index=-100,
                           validate=True, threads=0, kernel="", softcap=None, kept_ids=None,
                           outside_kept="error", top_k=None, top_p=None, return_kept=False,
-                          empty_kept="error"):
+                          empty_kept="error", vocab_start=None):
     """``(logp, lse)`` or ``(logp, lse, entropy)`` (fp32 [tokens], replicated on every TP rank)
     of ``softmax(hidden @ weight.T / temperature)`` over the real vocabulary.
 
@@ -209,8 +209,12 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     more than one rank: docs/python.md, "Which group a call runs over"). Without
     ``contract``, the shards are taken as even (padded vocab = local_vocab x TP, rank r owning
     rows [r * local_vocab, (r + 1) * local_vocab)), ``real_vocab`` (default: the padded size)
-    marks the padding rows, and tokens whose target is ``ignore_index`` are inactive. With
-    ``contract``, its sharding, mask, temperature, softcap and tile width are used as given.
+    marks the padding rows, and tokens whose target is ``ignore_index`` are inactive.
+    ``vocab_start`` (only without ``contract``): every rank's weight rows as a table
+    ``[(start, end), ...]`` instead of even shards: any contiguous partition of the padded
+    vocabulary (vLLM's even split of a 64-padded vocabulary too; bounds off the tiles give the
+    bits of aligned ones). With ``contract``, its sharding, mask, temperature, softcap and tile
+    width are used as given.
     ``softcap`` (None: no cap; only without ``contract``): scores use
     ``softcap * tanh(logits / softcap) / temperature``. ``temperature``: a number, or a tensor or
     array of one float per token (finite, > 0; the contract's temperature must then be 1): a
@@ -234,6 +238,10 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
     group and every rank's rows (``_dtensor.py``); a DTensor ``hidden`` gives DTensor outputs.
     """
     if _dtensor.any_dtensor(hidden, weight, targets):
+        if vocab_start is not None:
+            raise LogprobContractError(
+                "vocab_start= was given with DTensor inputs, whose mesh already says the vocab "
+                "bounds; drop vocab_start= (or pass the local tensors and the group)")
         if top_k is not None or top_p is not None or return_kept or empty_kept != "error":
             raise LogprobContractError(
                 "top_k, top_p, empty_kept and return_kept are not available with DTensor "
@@ -249,7 +257,25 @@ def fused_linear_logprobs(hidden, weight, targets, *, group=None, real_vocab=Non
                        tile_width=tile_width, ignore_index=ignore_index, validate=validate,
                        threads=threads, kernel=kernel, softcap=softcap, kept_ids=kept_ids,
                        outside_kept=outside_kept, top_k=top_k, top_p=top_p,
-                       return_kept=return_kept, empty_kept=empty_kept)
+                       return_kept=return_kept, empty_kept=empty_kept,
+                       bounds=_bounds_table(vocab_start, contract))
+
+
+def _bounds_table(vocab_start, contract):
+    """``vocab_start`` of ``fused_linear_logprobs``: None, or every rank's (start, end) weight
+    rows (checked as a partition by the contract)."""
+    if vocab_start is None:
+        return None
+    if contract is not None:
+        raise LogprobContractError(
+            "vocab_start= with a contract: the contract's sharding already says every rank's "
+            "rows; pass one of them")
+    if not isinstance(vocab_start, (list, tuple)) or not all(
+            isinstance(b, (list, tuple)) and len(b) == 2 for b in vocab_start):
+        raise LogprobContractError(
+            "vocab_start must be every rank's weight rows as a table [(start, end), ...]; got "
+            f"{vocab_start!r}")
+    return [tuple(check_int(v, "vocab_start bound") for v in b) for b in vocab_start]
 
 
 def _fused_call(hidden, weight, targets, *, group, real_vocab, entropy, temperature,

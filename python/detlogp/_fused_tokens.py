@@ -34,7 +34,7 @@ from ._contract import _softcap
 from ._detlogp import LogprobContractError
 from ._group import resolve_group
 from ._layout import cover_view, from_rows, in_token_order, logits_cover, row_grad, to_rows
-from ._torch_args import (active_tokens, check_tiles, int_targets, op_mask, op_targets,
+from ._torch_args import (active_tokens, int_targets, op_mask, op_targets,
                           op_temperature, op_vocab_start, real_vocab_size, token_temperature,
                           vocab_bounds)
 
@@ -101,8 +101,6 @@ def prepare(hidden, weight, targets, loss_mask, group, *, real_vocab, ignore_ind
         real = real_vocab_size(real_vocab, padded, cols, tp, inferred, "weight.shape[0]")
         if tile_width is not None:
             tile_width = check_optional_int(tile_width, "tile_width", "positive")
-        if tp > 1:  # the fused op reads the canonical tile tree only: no deterministic=False
-            check_tiles(bounds, tile_width, real, tp, cols, inferred, "weight.shape[0]", "")
         row_temperature = None
         if isinstance(temperature, torch.Tensor):  # one per token: the contract's is 1
             row_temperature, temperature = token_temperature(temperature, lead), 1.0
@@ -139,8 +137,8 @@ def fused_vocab_parallel_logprobs(hidden, weight, targets, *, group=None, real_v
     ``loss_mask``, ``ignore_index``, ``temperature`` (a number or one per token), ``entropy``,
     ``vocab_start`` (the weight rows' first vocab index, or every rank's table), ``threads``,
     ``tile_width``, ``entropy_grad``, ``return_contract`` and ``softcap``: as
-    ``vocab_parallel_logprobs``. The shard bounds must lie on tile boundaries (the fused op
-    reads the canonical tile tree only).
+    ``vocab_parallel_logprobs``: any contiguous shard bounds (vLLM's 64-padded even split
+    too), the same bits as tile-aligned ones.
 
     Returns ``logp`` (fp32, the shape of targets), ``(logp, entropy)`` with ``entropy=True``,
     and the call's ``LogprobContract`` last with ``return_contract=True``: logp and entropy

@@ -1,8 +1,8 @@
 """The per-token arguments of the torch API, read one way by every entry point that takes them
 (``detlogp.torch.vocab_parallel_logprobs`` on logits, ``fused_vocab_parallel_logprobs`` on
 hidden states): targets of the leading shape, the active mask (``loss_mask`` and
-``ignore_index``), per-token temperatures, the vocab bounds table (``vocab_start``), the real
-vocabulary and the tile alignment of the shard bounds.
+``ignore_index``), per-token temperatures, the vocab bounds table (``vocab_start``, any
+contiguous partition: both calls accept bounds off the tiles) and the real vocabulary.
 
 ``width`` names where a rank's vocab width comes from in the errors: ``logits.shape[-1]`` for
 logits, ``weight.shape[0]`` for the lm_head weight shard of the fused call.
@@ -13,11 +13,11 @@ import torch
 
 from ._checks import check_int, check_optional_int
 from ._contract import _temperature, megatron_padded_vocab
-from ._detlogp import DEFAULT_TILE_WIDTH, LogprobContractError
+from ._detlogp import LogprobContractError
 from ._mask import active_from_mask, mask_array
 from ._ops import is_plain
 
-__all__ = ["vocab_bounds", "real_vocab_size", "check_tiles", "int_targets", "active_tokens",
+__all__ = ["vocab_bounds", "real_vocab_size", "int_targets", "active_tokens",
            "token_temperature", "op_targets", "op_mask", "op_vocab_start", "op_temperature"]
 
 # width -> (what holds the vocabulary, what to pass instead, what the width is)
@@ -70,33 +70,6 @@ def real_vocab_size(real_vocab, padded, cols, tp, inferred, width="logits.shape[
             f"from {local} and the group's size. Pass real_vocab <= {padded} (the "
             f"number of real, unpadded tokens){fix}")
     return real
-
-
-def check_tiles(bounds, tile_width, real, tp, cols, inferred, width="logits.shape[-1]",
-                not_deterministic=", or deterministic=False (not bitwise across TP degrees)"):
-    """The fused lm_head reads the vocabulary in whole tiles of W columns on each rank: every
-    bound between two ranks must be a multiple of W (the logits op accepts any bounds). Raised
-    here, before any collective, with the fix."""
-    w = DEFAULT_TILE_WIDTH if tile_width is None else tile_width
-    cut = next((e for _, e in bounds[:-1] if e % w), None)
-    if cut is None:
-        return
-    try:
-        fit = megatron_padded_vocab(real, tp, w)
-        args = f"{real}, {tp}" + ("" if w == 128 else f", {w}")
-        pad = (f"pad the LM head as Megatron does, to detlogp.megatron_padded_vocab({args}) "
-               f"= {fit} rows ({fit // tp} per rank; real_vocab={real} keeps the "
-               "padding out of the softmax)")
-    except LogprobContractError:
-        pad = "pad the LM head to a multiple of the tile width times the TP size"
-    where = (f"{width}={cols} columns per rank" if inferred else
-             f"vocab_start puts a shard bound at column {cut}")
-    raise LogprobContractError(
-        f"{where} is not a multiple of the vocab tile width {w} (tile_width"
-        f"{'' if tile_width is not None else ', the default'}): the fused lm_head needs every "
-        f"bound between TP shards on a tile boundary (vocab_parallel_logprobs on the logits "
-        f"does not). Fix: {pad}, or pass a tile_width that "
-        f"divides every shard bound{not_deterministic}")
 
 
 def int_targets(targets, lead_shape, what="the logits'"):

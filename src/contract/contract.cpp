@@ -275,8 +275,8 @@ std::optional<std::string> tile_alignment_problem(const LogprobContract& contrac
     if (!start_ok || !end_ok) {
       return fmt::format(
           "vocab_shard_bounds[{}]=[{}, {}) is not aligned to the vocab tile size {} (tile_width); "
-          "the fused lm_head op and the CUDA kernels need tile-aligned shard bounds (the logits "
-          "op on the CPU kernels accepts any)",
+          "the CUDA kernels need tile-aligned shard bounds (the logits op and the fused lm_head "
+          "on the CPU kernels accept any)",
           r, start, end, w);
     }
   }

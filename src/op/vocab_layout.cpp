@@ -74,4 +74,15 @@ TargetOwners target_owners(const LogprobContract& c, std::span<const int64_t> ta
   return t;
 }
 
+std::vector<int64_t> targets_in_columns(const LogprobContract& c, std::span<const int64_t> targets,
+                                        int64_t begin, int64_t end) {
+  const auto& active_mask = c.mask().active_mask();
+  const int64_t stop = std::min(end, c.sharding().real_vocab_size());
+  std::vector<int64_t> local(targets.size(), -1);
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (active_mask[i] && targets[i] >= begin && targets[i] < stop) local[i] = targets[i] - begin;
+  }
+  return local;
+}
+
 }  // namespace detlogp::op

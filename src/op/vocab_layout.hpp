@@ -61,4 +61,10 @@ struct TargetOwners {
 };
 TargetOwners target_owners(const LogprobContract& c, std::span<const int64_t> targets);
 
+// Each row's target column relative to `begin` when the row is active and its target is a real
+// column in [begin, end), whichever rank holds it; else -1 (the targets of a split tile, for the
+// rank that completes it).
+std::vector<int64_t> targets_in_columns(const LogprobContract& c, std::span<const int64_t> targets,
+                                        int64_t begin, int64_t end);
+
 }  // namespace detlogp::op

@@ -97,43 +97,32 @@ ShardSpec local_spec(const LogprobContract& c) {
 // out of the boundary fragments (op/boundary_fragments.hpp).
 std::vector<NodePartial> canonical_node_partials(const ShardKernels& kernels,
                                                  const LogitsView& logits, const ShardSpec& spec,
-                                                 const op::ShardTiles& tiles,
+                                                 const VocabRange& bounds,
                                                  std::span<const TreeNode> nodes,
                                                  const op::SplitTile& split, bool entropy,
                                                  const ExecOptions& exec) {
   const int64_t rows = logits.rows;
-  const std::size_t n = nodes.size();
-  std::vector<NodePartial> out(static_cast<std::size_t>(rows) * n);
-  const std::size_t full = tiles.split_tile >= 0 ? n - 1 : n;
+  const op::ShardTiles tiles = op::shard_tiles(bounds, spec.geometry);
+  const std::size_t full = tiles.split_tile >= 0 ? nodes.size() - 1 : nodes.size();
+  std::vector<NodePartial> out(static_cast<std::size_t>(rows) * full);
   if (full > 0) {
-    const int64_t w = spec.geometry.tile_width;
-    const int64_t begin = tiles.full_begin * w;  // the first full tile's first column
-    const int64_t skip = begin - spec.vocab_start;
-    const int64_t end = tiles.split_tile >= 0 ? tiles.full_end * w : spec.vocab_start + logits.cols;
+    const op::FullTiles f = op::full_tiles_of(tiles, bounds, spec.geometry.tile_width);
     LogitsView view = logits;
     view.data = static_cast<const std::byte*>(logits.data) +
-                static_cast<std::size_t>(skip) * dtype_size(logits.dtype);
-    view.cols = end - begin;
+                static_cast<std::size_t>(f.skip) * dtype_size(logits.dtype);
+    view.cols = f.cols;
     ShardSpec full_spec = spec;
-    full_spec.vocab_start = begin;
-    if (full == n) {
-      kernels.node_partials(view, full_spec, nodes, entropy, out, exec);
-    } else {
-      std::vector<NodePartial> part(static_cast<std::size_t>(rows) * full);
-      kernels.node_partials(view, full_spec, nodes.first(full), entropy, part, exec);
-      for (int64_t i = 0; i < rows; ++i) {
-        std::copy_n(part.begin() + i * full, full, out.begin() + i * n);
-      }
-    }
+    full_spec.vocab_start = f.start;
+    kernels.node_partials(view, full_spec, nodes.first(full), entropy, out, exec);
   }
+  std::vector<NodePartial> part;
   if (tiles.split_tile >= 0) {
     ShardSpec tile_spec = spec;
     tile_spec.vocab_start = split.vocab_start;
-    std::vector<NodePartial> part(static_cast<std::size_t>(rows));
+    part.resize(static_cast<std::size_t>(rows));
     kernels.node_partials(split.view, tile_spec, nodes.last(1), entropy, part, exec);
-    for (int64_t i = 0; i < rows; ++i) out[i * n + full] = part[i];
   }
-  return out;
+  return op::join_split_partials(std::move(out), full, part, rows);
 }
 
 // Each row's node partials folded left to right into one (the non-deterministic per-shard
@@ -190,7 +179,10 @@ ForwardTraffic VocabParallelLogprob::traffic(const LogprobContract& c, bool dete
     t.preflight_bytes_per_rank = op::preflight_record_bytes();
     // Entropy adds a third float per node; report the larger (entropy) payload.
     t.payload_bytes_per_rank = op::ForwardWire(rows, nodes, true).block_bytes();
-    if (deterministic) t.fragment_bytes_per_rank = op::fragment_block_bytes(c, rows);
+    if (deterministic) {
+      t.fragment_bytes_per_rank =
+          op::fragment_block_bytes(c, rows * static_cast<int64_t>(dtype_size(c.dtype())));
+    }
   }
   return t;
 }
@@ -270,10 +262,9 @@ LogprobResult VocabParallelLogprob::forward(const LogitsView& logits,
       // Unaligned bounds: first the boundary fragments of the split tiles (none when aligned).
       const op::SplitTile split =
           op::fragment_width(c) > 0 ? op::exchange_fragments(comm, c, logits) : op::SplitTile{};
-      local = canonical_node_partials(
-          kernels_, logits, saved->spec,
-          op::shard_tiles(sh.vocab_shard_bounds()[sh.tp_rank()], saved->spec.geometry), local_nodes,
-          split, opt.entropy, opt.exec);
+      local = canonical_node_partials(kernels_, logits, saved->spec,
+                                      sh.vocab_shard_bounds()[sh.tp_rank()], local_nodes, split,
+                                      opt.entropy, opt.exec);
     } else if (!local_nodes.empty()) {
       kernels_.node_partials(logits, saved->spec, local_nodes, opt.entropy, local, opt.exec);
     }

@@ -10,10 +10,10 @@ namespace detlogp {
 
 BackendCapability fused_linear_logprob_capability(ImplementationKind kind,
                                                   std::string_view backend_id) {
-  // The fused op computes exactly the canonical logits op's outputs (docs/fused.md), on
-  // tile-aligned shard bounds.
+  // The fused op computes exactly the canonical logits op's outputs (docs/fused.md), on any
+  // shard bounds (tiles split across ranks completed from the fragments' weight rows).
   return canon_capability(backend_id, kind, /*softcap=*/true, /*kept_sets=*/true,
-                          /*unaligned_bounds=*/false);
+                          /*unaligned_bounds=*/true);
 }
 
 FusedBackend cpu_fused_backend(std::string name, std::string backend_id, std::string kernel) {

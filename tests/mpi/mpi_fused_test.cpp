@@ -1,6 +1,7 @@
 // The fused lm_head across real processes (mpirun -np 2 / 4): every rank's logp, LSE, entropy
 // and full grad_hidden, and its grad_weight shard, bitwise equal to TP=1 computed in this
-// process; a rank with bad inputs fails every rank.
+// process, with tile-aligned bounds and bounds that split tiles; a rank with bad inputs fails
+// every rank.
 #include <gtest/gtest.h>
 
 #include "detlogp/fused.hpp"
@@ -58,6 +59,32 @@ TEST(MpiFused, EveryRankBitwiseEqualsTp1) {
     std::vector<int64_t> tiles(static_cast<std::size_t>(std::max(tp - 1, 0)), 1);
     tiles.push_back(13 - (tp - 1));
     check_layout(world, uneven_layout(kReal, tiles, kW), dt, "uneven TP" + std::to_string(tp));
+  }
+}
+
+// Bounds that split tiles: the 200 rows split evenly (ceil(200 / TP) rows per rank, as vLLM
+// splits, not multiples of W = 16), and a layout whose first rank holds no rows, whose second
+// holds 5 rows inside one tile and whose others split the rest unevenly (the weight rows of
+// split tiles cross processes).
+TEST(MpiFused, UnalignedBoundsBitwiseEqualTp1) {
+  MpiComm world = MpiComm::world();
+  const int64_t tp = world.size();
+  const int64_t padded = (kReal + 63) / 64 * 64;
+  const int64_t per = (kReal + tp - 1) / tp;
+  Layout even{kReal, kReal, {}};
+  for (int64_t r = 0; r < tp; ++r) {
+    even.bounds.push_back({std::min(r * per, kReal), std::min((r + 1) * per, kReal)});
+  }
+  Layout ragged{kReal, padded, {{0, 0}, {0, 5}}};
+  for (int64_t r = 2, start = 5; r < tp; ++r) {
+    const int64_t end = r + 1 == tp ? padded : start + 37 * r;
+    ragged.bounds.push_back({start, end});
+    start = end;
+  }
+  if (tp == 2) ragged.bounds = {{0, 21}, {21, padded}};
+  for (DType dt : {DType::bf16, DType::fp32}) {
+    check_layout(world, even, dt, "even split TP" + std::to_string(tp));
+    check_layout(world, ragged, dt, "ragged TP" + std::to_string(tp));
   }
 }
 

@@ -469,9 +469,8 @@ TEST(TileAlignment, TileCountFormMisalignsThePaddingOnlyLayout) {
        .num_vocab_tiles = 64});
   EXPECT_CONTRACT_ERROR(c.check_tile_alignment(),
                         "vocab_shard_bounds[0]=[0, 151936) is not aligned to the vocab tile size "
-                        "2376 (tile_width); the fused lm_head op and the CUDA kernels need "
-                        "tile-aligned shard bounds (the logits op on the CPU kernels accepts "
-                        "any)");
+                        "2376 (tile_width); the CUDA kernels need tile-aligned shard bounds "
+                        "(the logits op and the fused lm_head on the CPU kernels accept any)");
 }
 
 TEST(TileAlignment, MisalignedFirstBoundAndPartialLastTile) {

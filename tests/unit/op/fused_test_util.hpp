@@ -77,6 +77,35 @@ struct FusedRunOptions {
   FusedOptions fused = {};
   GradInputs grads = {};
   bool backward = true;
+  // Gradients written in the inputs' dtype (rounded once by the op), widened exactly into the
+  // run's fp32 vectors; else written in fp32.
+  bool grads_in_input_dtype = false;
+};
+
+// A gradient buffer of `n` values in `dtype` (fp32 values, or bf16/fp16 bits) and its widening.
+struct GradBuffer {
+  DType dtype = DType::fp32;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  GradBuffer(DType d, std::size_t n) : dtype(d) {
+    if (d == DType::fp32) {
+      f32.assign(n, -1.0f);
+    } else {
+      half.assign(n, 0xbf80);  // -1 in bf16
+    }
+  }
+  void* at(std::size_t i) {
+    return dtype == DType::fp32 ? static_cast<void*>(f32.data() + i)
+                                : static_cast<void*>(half.data() + i);
+  }
+  std::vector<float> widened() const {
+    if (dtype == DType::fp32) return f32;
+    std::vector<float> out(half.size());
+    for (std::size_t i = 0; i < half.size(); ++i) {
+      out[i] = dtype == DType::bf16 ? canon::bf16_to_float(half[i]) : canon::fp16_to_float(half[i]);
+    }
+    return out;
+  }
 };
 
 // `weight` holds all [padded, H] rows; each rank passes its shard's rows.
@@ -85,10 +114,11 @@ inline FusedRun run_fused(const FullLogits& hidden, const FullLogits& weight, co
                           const FusedRunOptions& o) {
   const int tp = static_cast<int>(layout.bounds.size());
   const int64_t hs = hidden.cols;
+  const DType gdt = o.grads_in_input_dtype ? hidden.dtype : DType::fp32;
   FusedRun run;
   run.ranks.resize(static_cast<std::size_t>(tp));
   run.grad_hidden.resize(static_cast<std::size_t>(tp));
-  run.grad_weight.assign(static_cast<std::size_t>(weight.rows * hs), -1.0f);
+  GradBuffer gw(gdt, static_cast<std::size_t>(weight.rows * hs));
   const FusedLinearLogprob op(o.kernel);
   run_ranks(tp, [&](Communicator& comm) {
     const int r = comm.rank();
@@ -99,26 +129,25 @@ inline FusedRun run_fused(const FullLogits& hidden, const FullLogits& weight, co
     FusedLogprobResult res = op.forward(whole(hidden), row_range(weight, b.start, b.end), targets,
                                         contract, comm, o.fused);
     if (o.backward) {
-      std::vector<float>& gh = run.grad_hidden[static_cast<std::size_t>(r)];
-      gh.assign(static_cast<std::size_t>(hidden.rows * hs), -1.0f);
-      op.backward(res,
-                  {.grad_logp = o.grads.grad_logp,
-                   .grad_lse = o.grads.grad_lse,
-                   .grad_entropy = o.grads.grad_entropy},
-                  MutableLogitsView{.data = gh.data(),
-                                    .dtype = DType::fp32,
-                                    .rows = hidden.rows,
-                                    .cols = hs,
-                                    .row_stride = hs},
-                  MutableLogitsView{.data = run.grad_weight.data() + b.start * hs,
-                                    .dtype = DType::fp32,
-                                    .rows = b.size(),
-                                    .cols = hs,
-                                    .row_stride = hs},
-                  comm);
+      GradBuffer gh(gdt, static_cast<std::size_t>(hidden.rows * hs));
+      op.backward(
+          res,
+          {.grad_logp = o.grads.grad_logp,
+           .grad_lse = o.grads.grad_lse,
+           .grad_entropy = o.grads.grad_entropy},
+          MutableLogitsView{
+              .data = gh.at(0), .dtype = gdt, .rows = hidden.rows, .cols = hs, .row_stride = hs},
+          MutableLogitsView{.data = gw.at(static_cast<std::size_t>(b.start * hs)),
+                            .dtype = gdt,
+                            .rows = b.size(),
+                            .cols = hs,
+                            .row_stride = hs},
+          comm);
+      run.grad_hidden[static_cast<std::size_t>(r)] = gh.widened();
     }
     run.ranks[static_cast<std::size_t>(r)] = std::move(res);
   });
+  run.grad_weight = gw.widened();
   return run;
 }
 

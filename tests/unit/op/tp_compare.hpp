@@ -109,4 +109,45 @@ inline std::vector<int64_t> kept_for(const std::vector<int64_t>& targets, int64_
   return ids;
 }
 
+// vLLM's layout: the vocabulary padded to a multiple of 64, ranks of ceil(P / TP) columns, the
+// last one the rest.
+inline Layout vllm_layout(int64_t real, int64_t tp) {
+  const int64_t padded = (real + 63) / 64 * 64;
+  const int64_t per = (padded + tp - 1) / tp;
+  Layout l{real, padded, {}};
+  for (int64_t r = 0; r < tp; ++r) {
+    l.bounds.push_back({std::min(r * per, padded), std::min((r + 1) * per, padded)});
+  }
+  return l;
+}
+
+inline Layout from_cuts(int64_t real, int64_t padded, std::vector<int64_t> cuts) {
+  Layout l{real, padded, {}};
+  int64_t start = 0;
+  cuts.push_back(padded);
+  for (int64_t end : cuts) {
+    l.bounds.push_back({start, end});
+    start = end;
+  }
+  return l;
+}
+
+// A random partition of [0, padded) into `tp` ranks: sorted cut points, repeats allowed (ranks
+// with no columns), reproducible by `stream`.
+inline Layout random_layout(int64_t real, int64_t padded, int64_t tp, uint32_t stream) {
+  std::mt19937 gen(stream);
+  std::uniform_int_distribution<int64_t> at(0, padded);
+  std::vector<int64_t> cuts(static_cast<std::size_t>(tp - 1));
+  for (auto& c : cuts) c = at(gen);
+  std::sort(cuts.begin(), cuts.end());
+  return from_cuts(real, padded, cuts);
+}
+
+inline std::string show(const Layout& l) {
+  std::string s;
+  for (const VocabRange& b : l.bounds)
+    s += "[" + std::to_string(b.start) + "," + std::to_string(b.end) + ")";
+  return s;
+}
+
 }  // namespace detlogp::testing

@@ -3,8 +3,8 @@
 // vocabulary, ranks with no columns, ranks inside one tile, a tile split over many ranks, with
 // softcap and per-row temperatures, reference and SIMD kernels and thread counts, all bitwise
 // equal to TP=1 and to a tile-aligned layout (logp, LSE, entropy, real-column gradients); the
-// fragment traffic; bad bounds and disagreeing ranks fail on every rank; the fused op still
-// requires aligned bounds.
+// fragment traffic; bad bounds and disagreeing ranks fail on every rank; the capabilities that
+// declare it (the fused lm_head's own tests: fused_unaligned_bounds_test.cpp).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,7 +13,6 @@
 #include <random>
 
 #include "detlogp/capability.hpp"
-#include "detlogp/fused.hpp"
 #include "detlogp/fused_dispatch.hpp"
 #include "detlogp/registry.hpp"
 #include "tp_compare.hpp"
@@ -22,47 +21,6 @@ namespace detlogp::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// vLLM's layout: the vocabulary padded to a multiple of 64, ranks of ceil(P / TP) columns, the
-// last one the rest.
-Layout vllm_layout(int64_t real, int64_t tp) {
-  const int64_t padded = (real + 63) / 64 * 64;
-  const int64_t per = (padded + tp - 1) / tp;
-  Layout l{real, padded, {}};
-  for (int64_t r = 0; r < tp; ++r) {
-    l.bounds.push_back({std::min(r * per, padded), std::min((r + 1) * per, padded)});
-  }
-  return l;
-}
-
-Layout from_cuts(int64_t real, int64_t padded, std::vector<int64_t> cuts) {
-  Layout l{real, padded, {}};
-  int64_t start = 0;
-  cuts.push_back(padded);
-  for (int64_t end : cuts) {
-    l.bounds.push_back({start, end});
-    start = end;
-  }
-  return l;
-}
-
-// A random partition of [0, padded) into `tp` ranks: sorted cut points, repeats allowed (ranks
-// with no columns), reproducible by `stream`.
-Layout random_layout(int64_t real, int64_t padded, int64_t tp, uint32_t stream) {
-  std::mt19937 gen(stream);
-  std::uniform_int_distribution<int64_t> at(0, padded);
-  std::vector<int64_t> cuts(static_cast<std::size_t>(tp - 1));
-  for (auto& c : cuts) c = at(gen);
-  std::sort(cuts.begin(), cuts.end());
-  return from_cuts(real, padded, cuts);
-}
-
-std::string show(const Layout& l) {
-  std::string s;
-  for (const VocabRange& b : l.bounds)
-    s += "[" + std::to_string(b.start) + "," + std::to_string(b.end) + ")";
-  return s;
-}
 
 // Qwen3's vocabulary (151936) in vLLM's layouts at TP 2, 3, 4, 8 (37984 columns per rank at
 // TP 4: not a multiple of 128) against TP 1, bf16 and fp32, with entropy and every gradient.
@@ -265,8 +223,8 @@ TEST(UnalignedBounds, OverlapsAndGapsAreStillRejected) {
   }
 }
 
-// The logits op's CPU backends declare unaligned bounds; the fused lm_head and the CUDA backend's
-// declaration do not, and refuse an unaligned contract with the reason (aligned ones still pass).
+// The logits op's CPU backends and the fused lm_head declare unaligned bounds; the CUDA backend's
+// declaration does not, and refuses an unaligned contract with the reason (aligned ones pass).
 TEST(UnalignedBounds, CapabilitiesDeclareItAndRefuseWithTheReason) {
   const LogprobContract unaligned = make_contract(vllm_layout(151936, 4), 0, 2, {});
   const VocabLayout ml = megatron_bounds(151936, 4);
@@ -278,42 +236,14 @@ TEST(UnalignedBounds, CapabilitiesDeclareItAndRefuseWithTheReason) {
                        /*kept_sets=*/false, /*unaligned_bounds=*/false);
   const BackendCapability fused =
       fused_linear_logprob_capability(ImplementationKind::production, "fused");
-  EXPECT_TRUE(cpu.supports(unaligned));
-  EXPECT_THAT(cpu.to_json(), HasSubstr("\"supports_unaligned_bounds\":true"));
-  for (const BackendCapability* cap : {&cuda_like, &fused}) {
-    EXPECT_TRUE(cap->supports(aligned));
-    EXPECT_THAT(cap->incompatibilities(unaligned),
-                ::testing::ElementsAre("shard bounds not aligned to tile_width=128 are "
-                                       "unsupported"));
+  for (const BackendCapability* cap : {&cpu, &fused}) {
+    EXPECT_TRUE(cap->supports(unaligned));
+    EXPECT_THAT(cap->to_json(), HasSubstr("\"supports_unaligned_bounds\":true"));
   }
-}
-
-// The fused lm_head op still requires aligned bounds, and says how to fix it.
-TEST(UnalignedBounds, FusedOpStillRequiresAlignedBounds) {
-  const int64_t real = 300, rows = 2, hidden = 8;
-  const Layout l = from_cuts(real, real, {100});
-  const std::vector<float> h(static_cast<std::size_t>(rows * hidden), 0.5f);
-  const std::vector<float> w(static_cast<std::size_t>(real * hidden), 0.25f);
-  const FusedLinearLogprob op;
-  const RankErrors errs = rank_errors(2, [&](Communicator& comm) {
-    const int r = comm.rank();
-    const LogprobContract c = make_contract(l, r, rows, {});
-    const VocabRange b = l.bounds[static_cast<std::size_t>(r)];
-    const LogitsView hv{
-        .data = h.data(), .dtype = DType::fp32, .rows = rows, .cols = hidden, .row_stride = hidden};
-    const LogitsView wv{.data = w.data() + b.start * hidden,
-                        .dtype = DType::fp32,
-                        .rows = b.size(),
-                        .cols = hidden,
-                        .row_stride = hidden};
-    const std::vector<int64_t> targets = {0, 1};
-    op.forward(hv, wv, targets, c, comm);
-  });
-  ASSERT_TRUE(errs.finished);
-  for (const std::string& e : errs.errors) {
-    EXPECT_THAT(e, HasSubstr("vocab_shard_bounds[0]=[0, 100) is not aligned"));
-    EXPECT_THAT(e, HasSubstr("align every bound to a multiple of the tile width"));
-  }
+  EXPECT_TRUE(cuda_like.supports(aligned));
+  EXPECT_THAT(cuda_like.incompatibilities(unaligned),
+              ::testing::ElementsAre("shard bounds not aligned to tile_width=128 are "
+                                     "unsupported"));
 }
 
 }  // namespace

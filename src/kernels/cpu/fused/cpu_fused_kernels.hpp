@@ -8,6 +8,7 @@
 // computes which subtree. Forward and backward (fused_forward.cpp, fused_backward.cpp) walk an
 // item per row block and per tile, with one [row_block, W] block of logits per thread.
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -25,6 +26,7 @@ class CpuFusedKernels final : public FusedKernels {
 
   std::string name() const override { return ops_.name; }
   const ShardKernels& shard_kernels() const override { return shard_; }
+  bool supports_unaligned_bounds() const override { return true; }
 
   void node_partials(const FusedShard& shard, std::span<const TreeNode> nodes, bool with_entropy,
                      std::span<NodePartial> out, const ExecOptions& exec) const override;
@@ -85,8 +87,16 @@ Hidden32 widen_hidden(const LogitsView& hidden);
 const float* weight_rows(const LogitsView& weight, int64_t first, int64_t count, Scratch& s,
                          int64_t* ld);
 
-// The logits of tile t for rows [r0, r0 + m) into s.z ([m, W], row stride W); returns the
-// tile's real column count. *w_out / *ldw_out (when not null) get the tile's fp32 weight rows.
+// The real columns [first, end) of tile t that the shard holds: the whole tile's real columns,
+// except in a shard that starts or ends inside the tile (grad_weight only: see backward).
+inline std::pair<int64_t, int64_t> tile_columns(const FusedShard& shard, int64_t t) {
+  const int64_t w = shard.geometry.tile_width;
+  return {std::max(t * w, shard.vocab_start), std::min({(t + 1) * w, shard.geometry.real_vocab,
+                                                        shard.vocab_start + shard.weight.rows})};
+}
+
+// The logits of tile t's columns (tile_columns) for rows [r0, r0 + m) into s.z ([m, W], row
+// stride W); returns their count. *w_out / *ldw_out (when not null) get their fp32 weight rows.
 int64_t tile_logits(const DotOps& ops, const FusedShard& shard, const Hidden32& h, int64_t t,
                     int64_t r0, int64_t m, Scratch& s, const float** w_out = nullptr,
                     int64_t* ldw_out = nullptr);

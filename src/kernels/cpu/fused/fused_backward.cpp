@@ -5,6 +5,7 @@
 // node sums by the same tree.
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "kernels/common/work_pool.hpp"
 #include "kernels/cpu/fused/cpu_fused_kernels.hpp"
@@ -24,13 +25,14 @@ void add_into(float* left, const float* right, size_t n) {
 }
 
 // The canon's fp32 logit gradient of tile rows [r0, r0 + m) into s.g ([m, W], row stride W)
-// from their logits s.z: the logits operator's backward (the shard kernels, vectorised like
-// its forward) on the tile, with the rows' inputs sliced and their targets made tile-local.
+// from their logits s.z (columns [c0, c0 + count)): the logits operator's backward (the shard
+// kernels, vectorised like its forward) on the tile, with the rows' inputs sliced and their
+// targets made tile-local.
 void tile_gradient(const ShardKernels& shard_kernels, const FusedShard& shard,
-                   const BackwardInputs& in, int64_t r0, int64_t m, int64_t t, int64_t count,
+                   const BackwardInputs& in, int64_t r0, int64_t m, int64_t c0, int64_t count,
                    Scratch& s) {
   const int64_t w = shard.geometry.tile_width;
-  const int64_t local0 = t * w - shard.vocab_start;
+  const int64_t local0 = c0 - shard.vocab_start;
   s.g.resize(static_cast<size_t>(m * w));
   s.target.resize(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) {
@@ -44,7 +46,7 @@ void tile_gradient(const ShardKernels& shard_kernels, const FusedShard& shard,
                                .grad_logp = rows(in.grad_logp),
                                .grad_lse = rows(in.grad_lse),
                                .grad_entropy = rows(in.grad_entropy)};
-  const ShardSpec spec{.vocab_start = t * w,
+  const ShardSpec spec{.vocab_start = c0,
                        .geometry = shard.geometry,
                        .temperature = shard.temperature,
                        .softcap = shard.softcap,
@@ -77,12 +79,23 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
   std::vector<float> item_hidden(want_hidden ? items.size() * plane : 0);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const bool weight_direct = want_weight && grad_weight.dtype == DType::fp32;
+  // A shard may start or end inside a tile only for grad_weight (a chain per column): a tile's
+  // grad_hidden sum is one chain over all its columns.
+  const int64_t shard_end = shard.vocab_start + shard.weight.rows;
+  if (want_hidden && (shard.vocab_start % w != 0 ||
+                      (shard_end % w != 0 && shard_end < shard.geometry.real_vocab))) {
+    throw std::invalid_argument(
+        "fused backward: grad_hidden sums need whole tiles; a shard that starts or ends inside a "
+        "tile gives grad_weight only");
+  }
 
   run_items(static_cast<int64_t>(items.size()), threads, [&](int64_t k, int worker) {
     Scratch& s = scratch[worker];
     const auto [t0, t1] = real_tiles_of(items[k].node, real_tiles);
-    const int64_t local_first = t0 * w - shard.vocab_start;
-    const int64_t local_rows = std::min(t1 * w, shard.geometry.real_vocab) - t0 * w;
+    // The item's local weight rows [local_first, + local_rows): its tiles' columns here.
+    const int64_t local_first = tile_columns(shard, t0).first - shard.vocab_start;
+    const int64_t local_rows =
+        t1 > t0 ? tile_columns(shard, t1 - 1).second - shard.vocab_start - local_first : 0;
     // grad_weight chains of this item's rows: the output itself (fp32), or an fp32 scratch of
     // one tile when a single row block finishes every chain at once, else of the whole item.
     const bool per_tile = want_weight && !weight_direct && rows <= shard.row_block;
@@ -121,15 +134,16 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
       for (int64_t t = t0; t < t1; ++t) {
         const float* wt = nullptr;
         int64_t ldw = 0;
+        const int64_t c0 = tile_columns(shard, t).first;
         const int64_t count = tile_logits(ops_, shard, h32, t, r0, m, s, &wt, &ldw);
-        tile_gradient(shard_, shard, in, r0, m, t, count, s);
+        tile_gradient(shard_, shard, in, r0, m, c0, count, s);
         if (want_weight) {
           // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.
-          float* y = per_tile ? s.gw.data() : gw + (t * w - shard.vocab_start - local_first) * ldgw;
+          float* y = per_tile ? s.gw.data() : gw + (c0 - shard.vocab_start - local_first) * ldgw;
           ops_.chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs, y,
                      ldgw, r0 == 0);
           for (int64_t c = 0; per_tile && c < count; ++c) {
-            narrow_row(y + c * hs, hs, grad_weight, t * w - shard.vocab_start + c);
+            narrow_row(y + c * hs, hs, grad_weight, c0 - shard.vocab_start + c);
           }
         }
         if (want_hidden) {

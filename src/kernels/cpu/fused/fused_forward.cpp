@@ -66,8 +66,8 @@ const float* weight_rows(const LogitsView& weight, int64_t first, int64_t count,
 int64_t tile_logits(const DotOps& ops, const FusedShard& shard, const Hidden32& h, int64_t t,
                     int64_t r0, int64_t m, Scratch& s, const float** w_out, int64_t* ldw_out) {
   const int64_t w = shard.geometry.tile_width;
-  const int64_t c0 = t * w;
-  const int64_t count = std::min(w, shard.geometry.real_vocab - c0);
+  const auto [c0, c1] = tile_columns(shard, t);
+  const int64_t count = c1 - c0;
   int64_t ldw = 0;
   const float* wt = weight_rows(shard.weight, c0 - shard.vocab_start, count, s, &ldw);
   s.z.resize(static_cast<size_t>(m * w));
