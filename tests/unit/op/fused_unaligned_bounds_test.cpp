@@ -161,13 +161,15 @@ TEST(FusedUnalignedBounds, AnyPartitionEqualsTp1WithSoftcapAndTemperatures) {
 }
 
 // Kept sets with bounds that split tiles: given ids, and sets recomputed by top-k and top-p
-// (whose candidates lie on every rank), with inactive rows, equal TP 1 on every kernel.
+// (whose candidates lie on every rank) in a mixed batch, with inactive rows, equal TP 1 on
+// every kernel.
 TEST(FusedUnalignedBounds, KeptSetsGivenAndRecomputedEqualTp1) {
   const int64_t real = 900, padded = 960, rows = 6, hs = 24, w = 64, width = 150;
   const Inputs in = make_inputs(DType::bf16, rows, hs, real, padded, 31);
   const auto targets = targets_for(rows, real, 32);
   const auto ids = kept_for(targets, real, width, {1, 3, 65, 150, 130, 64}, 33);
-  const std::vector<int32_t> top_k = {1, 40, 0, 7, 64, 200};
+  // Row 3 is unrestricted (top_k 0, top_p 1): a mixed batch, that row over the full vocabulary.
+  const std::vector<int32_t> top_k = {1, 40, 0, 0, 64, 200};
   const std::vector<float> top_p = {1.0f, 0.9f, 0.5f, 1.0f, 0.99f, 0.3f};
   const GradInputs grads{grads_for(rows, 34), grads_for(rows, 35), grads_for(rows, 36)};
   const ContractOptions copt{
