@@ -34,16 +34,6 @@ bool unrestricted(int64_t r) {
   return std::find(kUnrestricted.begin(), kUnrestricted.end(), r) != kUnrestricted.end();
 }
 
-Layout vllm_layout(int64_t real, int64_t tp) {  // padded to 64, split evenly (ceil)
-  const int64_t padded = (real + 63) / 64 * 64;
-  const int64_t per = (padded + tp - 1) / tp;
-  Layout l{real, padded, {}};
-  for (int64_t r = 0; r < tp; ++r) {
-    l.bounds.push_back({std::min(r * per, padded), std::min((r + 1) * per, padded)});
-  }
-  return l;
-}
-
 std::vector<std::pair<std::string, Layout>> aligned_layouts() {
   return {{"TP 1", Layout{kReal, kReal, {{0, kReal}}}},
           {"TP 2", padded_layout(kReal, 2, 128)},

@@ -28,16 +28,6 @@ using ::testing::HasSubstr;
 constexpr int64_t kReal = 1000;
 constexpr int64_t kRows = 12;
 
-Layout vllm_layout(int64_t real, int64_t tp) {  // padded to 64, split evenly (ceil)
-  const int64_t padded = (real + 63) / 64 * 64;
-  const int64_t per = (padded + tp - 1) / tp;
-  Layout l{real, padded, {}};
-  for (int64_t r = 0; r < tp; ++r) {
-    l.bounds.push_back({std::min(r * per, padded), std::min((r + 1) * per, padded)});
-  }
-  return l;
-}
-
 std::vector<std::pair<std::string, Layout>> layouts() {
   std::vector<std::pair<std::string, Layout>> out = {{"TP 1", Layout{kReal, kReal, {{0, kReal}}}}};
   for (int64_t tp : {2, 3, 4, 5, 7, 8}) {
