@@ -150,4 +150,23 @@ inline std::string show(const Layout& l) {
   return s;
 }
 
+// The partitions both operators' split-tile tests run over, for a vocabulary of 1000 real
+// columns padded to 1024 and tiles of width w: empty ranks first and in the middle, ranks inside
+// one tile, tile 1 over five ranks, the last real tile split, a padding-only and an empty last
+// rank, one-column ranks, an aligned one, then 12 random partitions of 2 to 8 ranks.
+inline std::vector<Layout> split_tile_layouts(int64_t w) {
+  const int64_t real = 1000, padded = 1024;
+  std::vector<Layout> layouts = {from_cuts(real, padded, {0, 300, 300, 700}),
+                                 from_cuts(real, padded, {130, 140, 150, 250}),
+                                 from_cuts(real, padded, {w + 3, w + 5, w + 9, 2 * w - 1}),
+                                 from_cuts(real, padded, {500, 995, 1000, 1010}),
+                                 from_cuts(real, padded, {999, 1001, 1024}),
+                                 from_cuts(real, padded, {1, 2, 1023}),
+                                 from_cuts(real, padded, {2 * w, 4 * w})};
+  for (uint32_t k = 0; k < 12; ++k) {
+    layouts.push_back(random_layout(real, padded, 2 + k % 7, 100 + k));
+  }
+  return layouts;
+}
+
 }  // namespace detlogp::testing

@@ -59,17 +59,7 @@ TEST(UnalignedBounds, AnyPartitionEqualsTp1WithSoftcapAndRowTemperatures) {
   const VocabParallelLogprob simd(simd_kernels(), "test-simd");
   const VocabParallelLogprob ref(reference_kernels(), "test-reference");
   for (int64_t w : {128, 16}) {
-    std::vector<Layout> layouts = {
-        from_cuts(real, padded, {0, 300, 300, 700}),                // empty first and middle
-        from_cuts(real, padded, {130, 140, 150, 250}),              // ranks inside one tile
-        from_cuts(real, padded, {w + 3, w + 5, w + 9, 2 * w - 1}),  // tile 1 over five ranks
-        from_cuts(real, padded, {500, 995, 1000, 1010}),            // the last real tile split
-        from_cuts(real, padded, {999, 1001, 1024}),                 // padding-only and empty last
-        from_cuts(real, padded, {1, 2, 1023}),
-        from_cuts(real, padded, {2 * w, 4 * w})};  // aligned
-    for (uint32_t k = 0; k < 12; ++k) {
-      layouts.push_back(random_layout(real, padded, 2 + k % 7, 100 + k));
-    }
+    const std::vector<Layout> layouts = split_tile_layouts(w);
     for (DType dtype : {DType::bf16, DType::fp32}) {
       for (bool per_row : {false, true}) {
         const ContractOptions copt{.dtype = dtype, .tile_width = w, .softcap = 20.0f};
