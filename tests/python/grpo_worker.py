@@ -190,11 +190,12 @@ def padded_kept(kept, rows):
     """The kept sets of the given (request, position) pairs as a -1 padded int64 tensor."""
     import torch
 
-    sets = [kept[r][p] for r, p in rows]
-    width = max(len(s) for s in sets)
+    sets = [kept[r][p] for r, p in rows]  # None: an unrestricted row (all -1 here)
+    width = max(len(s) for s in sets if s is not None)
     out = torch.full((len(sets), width), -1, dtype=torch.int64)
     for i, s in enumerate(sets):
-        out[i, :len(s)] = s
+        if s is not None:
+            out[i, :len(s)] = s
     return out
 
 
@@ -248,31 +249,28 @@ def train(pol, rec, config, params, it, tp, comm, rank):
     logits = cast(detlogp.linear_logits(hid, w_shard), config).requires_grad_()
     kw = {"group": comm, "real_vocab": V}
     r_idx = restricted.nonzero().flatten()
-    u_idx = (~restricted).nonzero().flatten()
-    logp = torch.zeros(R * T)
     got = {}
-    if len(u_idx):
-        lp = dt.vocab_parallel_logprobs(logits[u_idx], targets[u_idx],
-                                        temperature=t_tok[u_idx], **kw)
-        logp = logp.index_put((u_idx,), lp)
-    if len(r_idx):
-        k_tok = params["top_k"].repeat_interleave(T)[r_idx]
-        p_tok = params["top_p"].repeat_interleave(T)[r_idx]
-        given = padded_kept(rec["kept"], [(int(i) // T, int(i) % T) for i in r_idx])
+    given = None
+    # One call for the whole batch, as the rollout sampled it: restricted rows over their kept
+    # sets, unrestricted rows (top_k 0 and top_p 1, or an all -1 kept row with
+    # empty_kept="full") over the full vocabulary.
+    if not len(r_idx):
+        logp = dt.vocab_parallel_logprobs(logits, targets, temperature=t_tok, **kw)
+    else:
+        given = padded_kept(rec["kept"], [(i // T, i % T) for i in range(R * T)])
         if it % 2 == 0:
-            lp, sets = dt.vocab_parallel_logprobs(
-                logits[r_idx], targets[r_idx], temperature=t_tok[r_idx], top_k=k_tok,
-                top_p=p_tok, return_kept=True, **kw)
+            logp, sets = dt.vocab_parallel_logprobs(
+                logits, targets, temperature=t_tok, top_k=params["top_k"].repeat_interleave(T),
+                top_p=params["top_p"].repeat_interleave(T), return_kept=True, **kw)
             got["kept_differ"] = rows_differ(sets, given)  # the sampler's sets, recomputed
         else:
-            lp = dt.vocab_parallel_logprobs(logits[r_idx], targets[r_idx],
-                                            temperature=t_tok[r_idx], kept_ids=given, **kw)
-        logp = logp.index_put((r_idx,), lp)
+            logp = dt.vocab_parallel_logprobs(logits, targets, temperature=t_tok,
+                                              kept_ids=given, empty_kept="full", **kw)
     with torch.no_grad():
         full = dt.vocab_parallel_logprobs(logits.detach(), targets, temperature=t_tok, **kw)
     if tp == 1:
         got["oracle_excess"] = oracle_excess(logits.detach(), targets, t_tok, logp.detach(),
-                                             r_idx, given if len(r_idx) else None)
+                                             r_idx, given[r_idx] if len(r_idx) else None)
     # GRPO: per-request reward (the share of tokens in the first quarter of the vocabulary),
     # advantages normalised within each prompt's group, the clipped ratio to the rollout.
     reward = (tokens < V // 4).float().mean(1).reshape(PROMPTS, SAMPLES)
