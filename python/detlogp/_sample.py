@@ -92,15 +92,10 @@ def _per_row_ints(value, name, rows):
 def _per_row_temperature(temperature, rows):
     """A number (every row's) or a 1-D floating-point tensor / array, as fp32 NumPy [rows] (0 is
     greedy; the values are checked by the C++ call, field "temperature")."""
-    if is_tensor(temperature):
-        if not temperature.dtype.is_floating_point:
-            raise LogprobContractError(
-                f"temperature must be a number or a floating-point tensor; got dtype "
-                f"{temperature.dtype}")
-        if temperature.dim() != 1:
-            raise LogprobContractError(
-                f"a temperature tensor must be 1-D [rows]; got shape {tuple(temperature.shape)}")
-        return temperature.detach().to(device="cpu", dtype=torch_module().float32).numpy()
+    if is_tensor(temperature):  # the trainer's rule for per-token temperatures (torch loaded)
+        from ._torch_args import token_temperature
+
+        return token_temperature(temperature, (rows,)).numpy()
     if isinstance(temperature, np.ndarray):
         return np.ascontiguousarray(temperature, dtype=np.float32)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)):

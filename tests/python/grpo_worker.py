@@ -227,6 +227,19 @@ def oracle_excess(logits, targets, t_tok, logp, r_idx, kept):
     return float(((logp.double() - oracle).abs() / bound).max())
 
 
+def trainer_batch(pol, tokens, params):
+    """The trainer's batch of the rollout's tokens [R, T], one row per token in request order:
+    the hidden states (from each token's predecessor and position), the targets and each row's
+    scoring temperature."""
+    import torch
+
+    prev = torch.cat([pol.prompt_token.repeat_interleave(SAMPLES)[:, None], tokens[:, :-1]], 1)
+    pos = torch.arange(T).expand(R, T)
+    hid = pol.hidden(prev.reshape(-1), pos.reshape(-1))
+    t_tok = scoring_temperature(params["temperature"]).repeat_interleave(T)
+    return hid, tokens.reshape(-1), t_tok
+
+
 def train(pol, rec, config, params, it, tp, comm, rank):
     """One trainer step at Megatron's layout: the logprobs of the rollout's tokens (restricted
     rows: kept sets recomputed by top_k / top_p on even iterations, the rollout's replayed as
@@ -240,11 +253,7 @@ def train(pol, rec, config, params, it, tp, comm, rank):
     _, bounds = detlogp.megatron_bounds(V, tp)
     w_shard = pol.shard(bounds, rank)
     tokens = rec["tokens"]
-    prev = torch.cat([pol.prompt_token.repeat_interleave(SAMPLES)[:, None], tokens[:, :-1]], 1)
-    pos = torch.arange(T).expand(R, T)
-    hid = pol.hidden(prev.reshape(-1), pos.reshape(-1))
-    targets = tokens.reshape(-1)
-    t_tok = scoring_temperature(params["temperature"]).repeat_interleave(T)
+    hid, targets, t_tok = trainer_batch(pol, tokens, params)
     restricted = restricted_rows(params).repeat_interleave(T)
     logits = cast(detlogp.linear_logits(hid, w_shard), config).requires_grad_()
     kw = {"group": comm, "real_vocab": V}
@@ -303,11 +312,7 @@ def plain_train_logp(pol, rec, config, params, pg, rank):
     s, e = bounds[rank]
     w_shard = pol.shard(bounds, rank)
     tokens = rec["tokens"]
-    prev = torch.cat([pol.prompt_token.repeat_interleave(SAMPLES)[:, None], tokens[:, :-1]], 1)
-    pos = torch.arange(T).expand(R, T)
-    hid = pol.hidden(prev.reshape(-1), pos.reshape(-1))
-    targets = tokens.reshape(-1)
-    t_tok = scoring_temperature(params["temperature"]).repeat_interleave(T)
+    hid, targets, t_tok = trainer_batch(pol, tokens, params)
     outside = torch.zeros(R * T, e - s, dtype=torch.bool)
     outside[:, max(0, V - s):] = True  # padding
     for i in restricted_rows(params).repeat_interleave(T).nonzero().flatten().tolist():
