@@ -53,7 +53,7 @@ using namespace detlogp;
 struct Args {
   int64_t tokens = 512, hidden = 4096, vocab = 37984;
   int threads = 2, reps = 1;
-  int64_t row_block = 32;
+  int64_t row_block = FusedOptions{}.row_block;  // the library's default unless --row-block
   std::string dtype = "fp32";
   bool skip_peak = false;
   bool forward_only = false;

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The table of bench/fused_acceptance.sh: bench_fused's and torch_fused_bench.py's JSON lines
-(``summarize_fused.py cpp.jsonl torch.jsonl``) as one row per shape and dtype, then the goals:
+(``summarize_fused.py cpp.jsonl torch.jsonl``) as one row per shape and dtype (with this
+machine's FMA peak on the same threads, bench/fma_peak.cpp, and both kernels' share of it), then
+the goals:
 fused forward >= 70% of sgemm's GFLOP/s, backward <= 3.3x the forward, fused forward + backward
 <= 1.5x the unfused tuned path's. Ratios come from one process each (bench_fused: fused vs
 sgemm; torch_fused_bench.py: fused vs matmul vs unfused); the peak memory columns from runs of
@@ -23,7 +25,8 @@ def main():
     # One path alone: its peak above the process's baseline (torch, detlogp, the inputs).
     mem = {(key(r), r["modes"][0]): r["peak_rss_mb"] - r["baseline_rss_mb"]
            for r in torch_rows if len(r["modes"]) == 1}
-    head = ["tokens x H x vocab", "dtype", "fused fwd GFLOP/s", "sgemm GFLOP/s", "fwd/sgemm",
+    head = ["tokens x H x vocab", "dtype", "FMA peak GFLOP/s", "fused fwd GFLOP/s", "fwd/peak",
+            "sgemm GFLOP/s", "sgemm/peak", "fwd/sgemm",
             "torch matmul GFLOP/s", "fwd/matmul", "bwd/fwd wall (CPU s)", "fused fwd+bwd s",
             "unfused fwd+bwd s", "fused/unfused", "torch plain fwd+bwd s",
             "peak MB: op / +fused / +unfused", "inputs+grads MB"]
@@ -47,7 +50,11 @@ def main():
         unfused_fb = t.get("unfused_forward_backward_s")
         ratio = fused_fb / unfused_fb if fused_fb and unfused_fb else None
         torch_fwd = flop / t["fused_forward_s"] / 1e9 if "fused_forward_s" in t else None
-        row = [f"{tokens} x {hidden} x {vocab}", dtype, f(fwd), f(c.get("sgemm_gflops")),
+        peak = c.get("fma_peak_gflops") or None  # 0 when bench_fused ran with --skip-peak
+        sgemm = c.get("sgemm_gflops")
+        row = [f"{tokens} x {hidden} x {vocab}", dtype, f(peak), f(fwd),
+               f(fwd / peak if peak else None, "{:.0%}"), f(sgemm),
+               f(sgemm / peak if peak and sgemm else None, "{:.0%}"),
                f(c.get("forward_vs_sgemm"), "{:.0%}"), f(matmul),
                f(torch_fwd / matmul if torch_fwd and matmul else None, "{:.0%}"),
                f"{f(bwd, '{:.2f}x')} ({f(bwd_cpu, '{:.2f}x')})", f(fused_fb, "{:.2f}"),

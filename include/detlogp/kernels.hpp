@@ -133,7 +133,7 @@ struct FusedShard {
   TileGeometry geometry = {};
   float temperature = 1.0f;  // z = dot(hidden row, weight row) / temperature
   float softcap = 0.0f;      // 0: none; else the dot is softcapped before the temperature
-  int64_t row_block = 32;    // rows per work block; the bits never depend on it
+  int64_t row_block = 96;    // rows per work block; the bits never depend on it
   // Per-row temperatures, as ShardSpec::row_temperature: empty, or one per hidden row.
   std::span<const float> row_temperature = {};
 

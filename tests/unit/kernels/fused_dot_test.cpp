@@ -98,13 +98,15 @@ TEST(FusedDotKernels, LongStridedDotTilesMatchTheScalarCanonOnEveryTarget) {
 TEST(FusedDotKernels, LaneGemmTilesMatchTheScalarCanonOnEveryTarget) {
   // Tiles of at least 24 rows, 64 columns and 512 elements (AVX2 runs them as one matrix
   // product per canon lane: hidden rows packed lane-major in panels of 16 rows, weight rows
-  // broadcast in place in blocks of 6, each lane's chains pausing every 32 terms, rows in groups
-  // of 32 and the last few rows on the previous tile): rows around the panels and groups,
-  // columns around the blocks of 6, k around the 16-element chunks, and special values: NaN,
-  // +-inf, products that underflow to -0 over a whole row, -0 inputs.
-  const int64_t shapes[][3] = {{24, 64, 512},   {25, 65, 513},  {29, 71, 527},
-                               {31, 64, 2049},  {32, 128, 512}, {33, 70, 4100},
-                               {47, 100, 1000}, {56, 97, 600},  {30, 66, 1039}};
+  // packed lane-major in blocks of 6, each lane's whole chains in registers, rows in groups of
+  // 96 and a last group under 24 rows on the previous tile; other targets run rows in groups of
+  // 32): rows around the panels and groups, columns around the blocks of 6 and the 128-column
+  // groups, k around the 16-element chunks, and special values: NaN, +-inf, products that
+  // underflow to -0 over a whole row, -0 inputs.
+  const int64_t shapes[][3] = {{24, 64, 512},  {25, 65, 513},  {29, 71, 527},   {31, 64, 2049},
+                               {32, 128, 512}, {33, 70, 4100}, {47, 100, 1000}, {56, 97, 600},
+                               {30, 66, 1039}, {96, 128, 520}, {97, 131, 512},  {119, 64, 600},
+                               {121, 70, 1030}};
   for (const auto& [m, n, k] : shapes) {
     const int64_t lda = k + 5, ldb = k + 3, ldo = n + 1;
     std::vector<float> a = random_values(static_cast<std::size_t>(m * lda), 11 + k + m);

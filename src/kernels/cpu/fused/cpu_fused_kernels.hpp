@@ -55,9 +55,14 @@ struct Item {
   TreeNode node;
 };
 
-// The nodes split in halves (largest first) until there are enough items for the threads.
-// Children with no real tile are dropped. Items of one node stay together, left to right.
+// The nodes split in halves (largest first) until there are enough items for the threads and
+// they share the tiles evenly. Children with no real tile are dropped. Items of one node stay
+// together, left to right.
 std::vector<Item> split_items(std::span<const TreeNode> nodes, int64_t real_tiles, int threads);
+
+// The order to run items in: most real tiles first (ties in item order), so that the small
+// items fill the threads' ends. The order never changes a bit: each item writes its own slot.
+std::vector<int64_t> largest_first(const std::vector<Item>& items, int64_t real_tiles);
 
 // The tiles of a node that hold real columns: [first, end).
 inline std::pair<int64_t, int64_t> real_tiles_of(const TreeNode& node, int64_t real_tiles) {

@@ -166,17 +166,25 @@ HWY_INLINE void DotColumns(const float* a, int64_t lda, int64_t m, const float* 
   for (; i < m; ++i) DotBlock<1, NR>(a + i * lda, lda, b, ldb, k, out + i * ldo, ldo);
 }
 
-// Column blocks outside, rows inside: the NR weight rows of a column block (NR x H floats,
-// 48-64 KiB at H = 4096) come from memory once and then from L2 for every row block of the
-// tile, while the tile's hidden rows (row_block x H, 512 KiB at 32 x 4096) stay in L2 across
-// column blocks and tiles. Rows outside would stream the whole [W, H] weight tile (2 MiB at
-// W = 128), larger than L2, from L3 once per register row block. Each output is still one
-// DotBlock, so the order of the blocks never changes a bit.
+// Groups of kUnblockedRows rows; in each, column blocks outside, rows inside: the NR weight
+// rows of a column block (NR x H floats, 48-64 KiB at H = 4096) come from memory once and then
+// from L2 for every register row block of the group, while the group's hidden rows (512 KiB at
+// 32 x 4096) stay in L2 across column blocks. Rows outside would stream the whole [W, H] weight
+// tile (2 MiB at W = 128), larger than L2, from L3 once per register row block; a group of all
+// of the op's row block (96 x 4096, 1.5 MiB) would not stay in a 1 MiB L2. Each output is still
+// one DotBlock, so the order of the blocks never changes a bit.
+constexpr int64_t kUnblockedRows = 32;
+
 void DotTileUnblocked(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
                       int64_t n, int64_t k, float* out, int64_t ldo) {
-  int64_t j = 0;
-  for (; j + kNR <= n; j += kNR) DotColumns<kNR>(a, lda, m, b + j * ldb, ldb, k, out + j, ldo);
-  for (; j < n; ++j) DotColumns<1>(a, lda, m, b + j * ldb, ldb, k, out + j, ldo);
+  for (int64_t r0 = 0; r0 < m; r0 += kUnblockedRows) {
+    const float* ar = a + r0 * lda;
+    const int64_t mr = std::min(kUnblockedRows, m - r0);
+    float* orow = out + r0 * ldo;
+    int64_t j = 0;
+    for (; j + kNR <= n; j += kNR) DotColumns<kNR>(ar, lda, mr, b + j * ldb, ldb, k, orow + j, ldo);
+    for (; j < n; ++j) DotColumns<1>(ar, lda, mr, b + j * ldb, ldb, k, orow + j, ldo);
+  }
 }
 
 // AVX2: 16 canon lanes are two registers, so a block of 2 x 3 dot products needs 12
@@ -326,25 +334,23 @@ void DotTileHalves(const float* a, int64_t lda, int64_t m, const float* b, int64
 // AVX2, the lane GEMM: lane l of output (i, c) is the chain over q of x[i][16q + l] *
 // w[c][16q + l] in increasing q from +0, so for a fixed l the tile is an ordinary matrix product
 // C_l = X_l W_l^T over K' = padded k / 16 terms, where X_l and W_l hold the lane-l elements.
-// The tile packs its hidden rows lane-major once (8 x 8 transposes: per panel of 16 rows and
-// per lane, 16 rows contiguous per q) and reads the weight rows in place, one broadcast per
-// element (element 16 q + l of a row). The register block is BLAS's: 6 weight rows x 2 vectors
-// of 8 hidden rows = 12 accumulators, per q 2 vector loads of the panel and 6 broadcasts per
-// 12 fmas. Each accumulator element is exactly one canon lane chain, in q order from +0: the
-// chains pause every kLK terms in the lane planes ([16][6][rows] per column block; pausing
-// changes no bit), the weight rows' chunk past k runs on zero-filled copies and the hidden
-// rows are packed with +0 past k (the canon's padding). The kLK-term chunks run outermost:
-// each chunk of the packed rows (64 KiB at 32 rows) stays in L2 while every column block runs
-// over it, and each block's weight segment (6 rows x kLK lines, 12 KiB) stays in L1 for its
-// 16 lanes x 2 panels, the next block's prefetched meanwhile. Then the canon's fold, h = 8, 4,
-// 2, 1, as vector adds of whole lane planes (15 adds per 8 outputs). Measured on Zen 3 at the
-// op's tile (32 x 128 x 4096): 1.12-1.16x the halves tile (docs/benchmarks.md); packing the
-// weight rows lane-major too (16 per panel, broadcasting the hidden rows) spent 30% of the
-// time packing.
+// The tile packs both operands lane-major once (8 x 8 transposes): the hidden rows per panel of
+// 16 rows (16 rows contiguous per q), the weight rows per block of 6 (6 elements contiguous per
+// q). The register block is BLAS's: 6 weight rows x 2 vectors of 8 hidden rows = 12
+// accumulators, per q 2 vector loads and 6 broadcasts, both from sequential streams, per 12
+// fmas. Each accumulator is exactly one canon lane chain, all K' terms in q order from +0 in
+// one register (the hidden rows packed with +0 past k and the weight rows' chunk past k from
+// zero-filled copies: the canon's padding); then the canon's fold, h = 8, 4, 2, 1, as vector
+// adds of whole lane planes (15 adds per 8 outputs). Lanes run outermost: a lane's packed
+// rows (96 KiB at 96 x 4096) and weight elements (132 KiB at 128 x 4096) stay in L2 while
+// every block runs, and a block's elements (6 KiB) stay in L1 over the panels. Packing the
+// weights costs about as much per tile as packing the hidden rows, so it pays only over enough
+// rows: groups of 96 (the op's row block). Measured on Zen 3 (docs/benchmarks.md): 1.15x the
+// same GEMM reading the weights in place with chains paused every 32 terms; at 32 rows the two
+// are even.
 constexpr int64_t kLC = 6;             // weight rows per register block (broadcasts)
 constexpr int64_t kLP = 2 * kN;        // hidden rows per packed panel (2 vectors)
-constexpr int64_t kLK = 32;            // q terms per pause
-constexpr int64_t kLaneRows = 32;      // rows per group (the op's row block)
+constexpr int64_t kLaneRows = 96;      // rows per group (the op's row block)
 constexpr int64_t kLaneCols = 128;     // columns per group (the op's tile)
 constexpr int64_t kLanesMinRows = 24;  // fewer rows, columns or elements: DotTileHalves
 constexpr int64_t kLanesMinCols = 64;
@@ -426,21 +432,17 @@ HWY_INLINE void PackLanes8(const float* src, int64_t ld, int64_t valid, int64_t 
   }
 }
 
-// kLC weight rows x V vectors of 8 hidden rows of one lane over q_count terms: x holds the
-// panel's packed rows, 16 per q (lane-major); w[c] points at the lane's element of weight row c
-// in place, 16 floats per q (a broadcast each); plane receives the accumulators, [kLC][mp] rows
-// (continued unless first).
+// NC weight rows x V vectors of 8 hidden rows of one lane, the whole chain (q_count terms from
+// +0): x holds the panel's packed rows, 16 per q (lane-major); w the block's packed weight
+// elements of this lane, kLC per q (one broadcast each); plane receives the accumulators,
+// [kLC][mp] rows.
 template <int NC, int V>
-HWY_INLINE void LaneBlock(const float* x, const float* const* w, int64_t q_count, float* plane,
-                          int64_t mp, bool first) {
+HWY_INLINE void LaneBlock(const float* HWY_RESTRICT x, const float* HWY_RESTRICT w, int64_t q_count,
+                          float* HWY_RESTRICT plane, int64_t mp) {
   const DF d;
-  const float* wr[NC];
-  for (int c = 0; c < NC; ++c) wr[c] = w[c];
   VF acc[NC][V];
   for (int c = 0; c < NC; ++c) {
-    for (int v = 0; v < V; ++v) {
-      acc[c][v] = first ? hn::Zero(d) : hn::Load(d, plane + c * mp + v * kN);
-    }
+    for (int v = 0; v < V; ++v) acc[c][v] = hn::Zero(d);
   }
   for (int64_t q = 0; q < q_count; ++q) {
     VF x0 = hn::Load(d, x + q * kLP);
@@ -451,7 +453,7 @@ HWY_INLINE void LaneBlock(const float* x, const float* const* w, int64_t q_count
       InRegister(x1);
     }
     for (int c = 0; c < NC; ++c) {
-      const VF wb = hn::Set(d, wr[c][q * canon::kDotLanes]);
+      const VF wb = hn::Set(d, w[q * kLC + c]);
       acc[c][0] = Fma(wb, x0, acc[c][0]);
       if constexpr (V == 2) acc[c][V - 1] = Fma(wb, x1, acc[c][V - 1]);
     }
@@ -462,13 +464,42 @@ HWY_INLINE void LaneBlock(const float* x, const float* const* w, int64_t q_count
 }
 
 template <int NC>
-HWY_INLINE void LanePanels(const float* x, int64_t xps, int64_t m, const float* const* w,
-                           int64_t q_count, float* plane, int64_t mp, bool first) {
+HWY_INLINE void LanePanels(const float* x, int64_t xps, int64_t m, const float* w, int64_t q_count,
+                           float* plane, int64_t mp) {
   int64_t i = 0;
   for (; i + kLP <= m || (i < m && m - i > kN); i += kLP) {
-    LaneBlock<NC, 2>(x + (i / kLP) * xps, w, q_count, plane + i, mp, first);
+    LaneBlock<NC, 2>(x + (i / kLP) * xps, w, q_count, plane + i, mp);
   }
-  if (i < m) LaneBlock<NC, 1>(x + (i / kLP) * xps, w, q_count, plane + i, mp, first);
+  if (i < m) LaneBlock<NC, 1>(x + (i / kLP) * xps, w, q_count, plane + i, mp);
+}
+
+// Packs the weight rows of one column block (nc <= kLC rows, ld apart; the chunk past k from
+// `tail`, 16 zero-padded floats per row) lane-major: dst[l * lane_stride + q * kLC + c] =
+// element 16 q + l of row c, for q < kp. Each q is two 8 x 8 transposes (rows past nc are
+// zeros) whose 8-float stores overlap the next q's: q ascending, the last one writes 2 floats
+// into the lane's slack.
+HWY_INLINE void PackWeightLanes(const float* src, int64_t ld, int64_t nc, const float* tail,
+                                int64_t full, int64_t kp, float* dst, int64_t lane_stride) {
+  const DF d;
+  const VF zero = hn::Zero(d);
+  for (int64_t q = 0; q < kp; ++q) {
+    for (int h = 0; h < kKV; ++h) {
+      VF v[8];
+      for (int c = 0; c < 8; ++c) {
+        if (c >= nc) {
+          v[c] = zero;
+        } else {
+          const float* row =
+              q < full ? src + c * ld + q * canon::kDotLanes : tail + c * canon::kDotLanes;
+          v[c] = hn::LoadU(d, row + h * kN);
+        }
+      }
+      Transpose8(v);
+      for (int j = 0; j < 8; ++j) {
+        hn::StoreU(v[j], d, dst + (h * kN + j) * lane_stride + q * kLC);
+      }
+    }
+  }
 }
 
 // The canon's fold of a column block's lane planes ([16][kLC][mp]) for rows < m, columns < nc.
@@ -505,79 +536,56 @@ void DotTileLanesGroup(const float* a, int64_t lda, int64_t m, const float* b, i
   // lanes of a transpose would otherwise alias each other and the next loads (4K aliasing).
   const int64_t xls = kp * kLP + canon::kDotLanes;
   const int64_t xps = canon::kDotLanes * xls;
+  const int64_t wls = kp * kLC + canon::kDotLanes;  // + the overlapping stores' slack
+  const int64_t wbs = canon::kDotLanes * wls;
   const int64_t bps = canon::kDotLanes * kLC * mp;  // one column block's lane planes
-  thread_local LaneScratch xs, ts, ps;
+  thread_local LaneScratch xs, ts, ws, ps;
   float* xpack = xs.get(static_cast<size_t>(panels * xps));   // [panel][16][kp][16 rows]
+  float* wpack = ws.get(static_cast<size_t>(blocks * wbs));   // [block][16][kp][kLC]
   float* planes = ps.get(static_cast<size_t>(blocks * bps));  // [block][16][kLC][mp]
   for (int64_t r = 0; r < mp; r += 8) {
     PackLanes8(a + r * lda, lda, std::clamp<int64_t>(m - r, 0, 8), k, kp,
                xpack + (r / kLP) * xps + r % kLP, xls, kLP);
   }
   // The weight rows' last chunk past k: zero-padded copies (the canon's padding).
-  float* wtail = nullptr;
+  float* wtail = ts.get(static_cast<size_t>((n + kLC) * canon::kDotLanes));
   if (full < kp) {
-    wtail = ts.get(static_cast<size_t>(n * canon::kDotLanes));
     const auto real = static_cast<size_t>(k - full * canon::kDotLanes) * sizeof(float);
     for (int64_t c = 0; c < n; ++c) {
       std::fill(wtail + c * canon::kDotLanes, wtail + (c + 1) * canon::kDotLanes, 0.0f);
       std::memcpy(wtail + c * canon::kDotLanes, b + c * ldb + full * canon::kDotLanes, real);
     }
   }
-  for (int64_t q0 = 0; q0 < kp; q0 += kLK) {
-    const int64_t q1 = std::min(kp, q0 + kLK);
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kLC;
+    PackWeightLanes(b + c0 * ldb, ldb, std::min(kLC, n - c0), wtail + c0 * canon::kDotLanes, full,
+                    kp, wpack + block * wbs, wls);
+  }
+  for (int l = 0; l < canon::kDotLanes; ++l) {
+    const float* x = xpack + l * xls;
     for (int64_t block = 0; block < blocks; ++block) {
-      const int64_t c0 = block * kLC;
-      const int64_t nc = std::min(kLC, n - c0);
-      // The next column block's weight segment, into L2 over this block's 16 lanes: its
-      // rows are short streams 16 KiB apart, which the hardware prefetcher picks up late.
-      const bool last_block = block + 1 == blocks;
-      const int64_t pq0 = last_block ? q1 : q0;
-      const int64_t pq1 = std::min(std::min(kp, pq0 + kLK), full);
-      const int64_t pc0 = last_block ? 0 : c0 + kLC;
-      const int64_t pnc = std::min(kLC, n - pc0);
-      const int64_t per_lane = (pq1 - pq0 + canon::kDotLanes - 1) / canon::kDotLanes;
-      for (int l = 0; l < canon::kDotLanes; ++l) {
-        const int64_t pq_end = std::min(pq1, pq0 + (l + 1) * per_lane);
-        for (int64_t q = pq0 + l * per_lane; q < pq_end; ++q) {
-          for (int64_t c = 0; c < pnc; ++c) {
-            __builtin_prefetch(b + (pc0 + c) * ldb + q * canon::kDotLanes, 0, 2);
-          }
-        }
-        float* plane = planes + block * bps + l * kLC * mp;
-        const float* x = xpack + l * xls;
-        // In place up to `full`, then the padded copies.
-        for (int part = 0; part < 2; ++part) {
-          const int64_t from = part == 0 ? q0 : std::max(q0, full);
-          const int64_t to = part == 0 ? std::min(q1, full) : q1;
-          if (from >= to) continue;
-          const float* w[kLC];
-          for (int64_t c = 0; c < nc; ++c) {
-            w[c] = part == 0 ? b + (c0 + c) * ldb + from * canon::kDotLanes + l
-                             : wtail + (c0 + c) * canon::kDotLanes + l;
-          }
-          const float* xq = x + from * kLP;
-          const bool first = from == 0;
-          switch (nc) {
-            case 6:
-              LanePanels<6>(xq, xps, m, w, to - from, plane, mp, first);
-              break;
-            case 5:
-              LanePanels<5>(xq, xps, m, w, to - from, plane, mp, first);
-              break;
-            case 4:
-              LanePanels<4>(xq, xps, m, w, to - from, plane, mp, first);
-              break;
-            case 3:
-              LanePanels<3>(xq, xps, m, w, to - from, plane, mp, first);
-              break;
-            case 2:
-              LanePanels<2>(xq, xps, m, w, to - from, plane, mp, first);
-              break;
-            default:
-              LanePanels<1>(xq, xps, m, w, to - from, plane, mp, first);
-              break;
-          }
-        }
+      const int64_t nc = std::min(kLC, n - block * kLC);
+      const float* w = wpack + block * wbs + l * wls;
+      float* plane = planes + block * bps + l * kLC * mp;
+      switch (nc) {
+        case 6:
+          LanePanels<6>(x, xps, m, w, kp, plane, mp);
+          break;
+        case 5:
+          LanePanels<5>(x, xps, m, w, kp, plane, mp);
+          break;
+        case 4:
+          LanePanels<4>(x, xps, m, w, kp, plane, mp);
+          break;
+        case 3:
+          LanePanels<3>(x, xps, m, w, kp, plane, mp);
+          break;
+        case 2:
+          LanePanels<2>(x, xps, m, w, kp, plane, mp);
+          break;
+        default:
+          LanePanels<1>(x, xps, m, w, kp, plane, mp);
+          break;
       }
     }
   }

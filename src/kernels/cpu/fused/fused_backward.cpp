@@ -89,7 +89,9 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
         "tile gives grad_weight only");
   }
 
-  run_items(static_cast<int64_t>(items.size()), threads, [&](int64_t k, int worker) {
+  const std::vector<int64_t> order = largest_first(items, real_tiles);
+  run_items(static_cast<int64_t>(items.size()), threads, [&](int64_t next, int worker) {
+    const int64_t k = order[next];
     Scratch& s = scratch[worker];
     const auto [t0, t1] = real_tiles_of(items[k].node, real_tiles);
     // The item's local weight rows [local_first, + local_rows): its tiles' columns here.
