@@ -115,6 +115,18 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
         gw = gw_scratch.data();
       }
     }
+    // Rows [first, first + count) of the shard's grad_weight, their chains complete in y (row
+    // stride ld): canonical NaNs in place (fp32), or rounded once into the output (bf16/fp16).
+    auto finish_weight_rows = [&](float* y, int64_t ld, int64_t first, int64_t count) {
+      for (int64_t c = 0; c < count; ++c) {
+        float* row = y + c * ld;
+        if (weight_direct) {
+          for (int64_t x = 0; x < hs; ++x) row[x] = canon::canonicalize(row[x]);
+        } else {
+          narrow_row(row, hs, grad_weight, first + c);
+        }
+      }
+    };
     // grad_hidden: per row block a stack of [m, H] tile sums, merged by the tree.
     std::vector<std::vector<float>> pool;  // free buffers
     auto take = [&](size_t n) {
@@ -144,9 +156,9 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
           float* y = per_tile ? s.gw.data() : gw + (c0 - shard.vocab_start - local_first) * ldgw;
           ops_.chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs, y,
                      ldgw, r0 == 0);
-          for (int64_t c = 0; per_tile && c < count; ++c) {
-            narrow_row(y + c * hs, hs, grad_weight, c0 - shard.vocab_start + c);
-          }
+          // The last row block finishes the tile's chains: its rows are final while still in
+          // cache (a pass over the item's rows afterwards would read them back from memory).
+          if (r0 + m == rows) finish_weight_rows(y, ldgw, c0 - shard.vocab_start, count);
         }
         if (want_hidden) {
           std::vector<float> part = take(static_cast<size_t>(m * hs));
@@ -161,15 +173,8 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
         pool.push_back(std::move(sum));
       }
     }
-    if (want_weight && !weight_direct && !per_tile) {
-      for (int64_t c = 0; c < local_rows; ++c) {
-        narrow_row(gw + c * hs, hs, grad_weight, local_first + c);
-      }
-    } else if (weight_direct) {
-      for (int64_t c = 0; c < local_rows; ++c) {
-        float* row = gw + c * ldgw;
-        for (int64_t x = 0; x < hs; ++x) row[x] = canon::canonicalize(row[x]);
-      }
+    if (want_weight && rows == 0) {  // no chain ran: every row is the empty sum, +0
+      for (int64_t c = 0; c < local_rows; ++c) zero_row(grad_weight, local_first + c, hs);
     }
   });
 
