@@ -473,6 +473,14 @@ HWY_INLINE void LanePanels(const float* x, int64_t xps, int64_t m, const float* 
   if (i < m) LaneBlock<NC, 1>(x + (i / kLP) * xps, w, q_count, plane + i, mp);
 }
 
+// LanePanels by the block's column count (1 .. kLC).
+using LanePanelsFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*,
+                              int64_t);
+constexpr LanePanelsFn kLanePanels[kLC + 1] = {nullptr,        &LanePanels<1>, &LanePanels<2>,
+                                               &LanePanels<3>, &LanePanels<4>, &LanePanels<5>,
+                                               &LanePanels<6>};
+static_assert(kLC == 6, "kLanePanels lists LanePanels<1 .. kLC>");
+
 // Packs the weight rows of one column block (nc <= kLC rows, ld apart; the chunk past k from
 // `tail`, 16 zero-padded floats per row) lane-major: dst[l * lane_stride + q * kLC + c] =
 // element 16 q + l of row c, for q < kp. Each q is two 8 x 8 transposes (rows past nc are
@@ -567,26 +575,7 @@ void DotTileLanesGroup(const float* a, int64_t lda, int64_t m, const float* b, i
       const int64_t nc = std::min(kLC, n - block * kLC);
       const float* w = wpack + block * wbs + l * wls;
       float* plane = planes + block * bps + l * kLC * mp;
-      switch (nc) {
-        case 6:
-          LanePanels<6>(x, xps, m, w, kp, plane, mp);
-          break;
-        case 5:
-          LanePanels<5>(x, xps, m, w, kp, plane, mp);
-          break;
-        case 4:
-          LanePanels<4>(x, xps, m, w, kp, plane, mp);
-          break;
-        case 3:
-          LanePanels<3>(x, xps, m, w, kp, plane, mp);
-          break;
-        case 2:
-          LanePanels<2>(x, xps, m, w, kp, plane, mp);
-          break;
-        default:
-          LanePanels<1>(x, xps, m, w, kp, plane, mp);
-          break;
-      }
+      kLanePanels[nc](x, xps, m, w, kp, plane, mp);
     }
   }
   for (int64_t block = 0; block < blocks; ++block) {
