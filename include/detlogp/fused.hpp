@@ -43,7 +43,8 @@ struct FusedOptions {
   // never depend on it; it trades the per-thread working set (a few [row_block, H] buffers)
   // against the weight traffic (the weight is read once per row block). 96 is a whole number
   // of the kernels' register blocks (6 rows on AVX2, 4 on AVX-512) and of AVX2's 16-row lane
-  // panels; it measured a few percent faster than 32 on the backward (docs/benchmarks.md).
+  // panels, and AVX2's dot tile packs each weight tile once per row block, so it needs rows:
+  // at 32 the forward ran about 15% slower (docs/benchmarks.md).
   int64_t row_block = 96;
   // Per-row temperatures, as ForwardOptions::row_temperature: empty, or one finite value > 0
   // per row of the hidden states (the contract's temperature must then be 1). Copied.
