@@ -4,8 +4,8 @@
 // memory), timed in CPU seconds of the calling thread, so that a loaded machine slows the
 // figures less than it slows wall time. One thread; best of `reps`. One JSON object on stdout.
 // For an A/B, run two builds alternately; in the same run, dot_tile_unblocked_gflops_cpu is the
-// tile without AVX2's k blocking and dot_tile_halves_gflops_cpu AVX2's tile before the lane
-// GEMM (both the same function as dot_tile on other targets).
+// register-blocked tile without AVX2's lane GEMM and dot_tile_halves_gflops_cpu AVX2's tile before
+// the lane GEMM (both the same function as dot_tile on other targets).
 //
 //   bench_fused_kernels --rows 96 --cols 128 --hidden 4096 --tiles 40   (the op's tile; 40
 //   tiles of weights, 80 MiB, do not stay in a 32 MiB L3)

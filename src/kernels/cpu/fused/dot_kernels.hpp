@@ -27,8 +27,8 @@ struct DotOps {
   bool native_fma = false;  // false: fma emulated per lane (correct, slower)
   DotTileFn dot_tile = nullptr;
   ChainFn chain = nullptr;
-  // The tile without k blocking (the AVX-512 choice; on AVX2 dot_tile blocks k): the same bits,
-  // kept for the kernel benchmark's A/B and its bitwise test.
+  // The register-blocked tile without AVX2's lane GEMM (the AVX-512 and SSE4 choice): the same
+  // bits, kept for the kernel benchmark's A/B and its bitwise test.
   DotTileFn dot_tile_unblocked = nullptr;
   // AVX2's tile before the lane GEMM (k blocked, the canon's lanes 0-7 and 8-15 as two halves;
   // dot_tile_unblocked elsewhere): the same bits, kept for the same A/B and test.

@@ -556,7 +556,7 @@ void DotTileLanesGroup(const float* a, int64_t lda, int64_t m, const float* b, i
                xpack + (r / kLP) * xps + r % kLP, xls, kLP);
   }
   // The weight rows' last chunk past k: zero-padded copies (the canon's padding).
-  float* wtail = ts.get(static_cast<size_t>((n + kLC) * canon::kDotLanes));
+  float* wtail = ts.get(static_cast<size_t>(n * canon::kDotLanes));  // read only past `full`
   if (full < kp) {
     const auto real = static_cast<size_t>(k - full * canon::kDotLanes) * sizeof(float);
     for (int64_t c = 0; c < n; ++c) {

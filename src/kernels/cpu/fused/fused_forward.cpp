@@ -24,22 +24,17 @@ int64_t item_tiles(const Item& item, int64_t real_tiles) {
   return std::max<int64_t>(0, t1 - t0);
 }
 
-// The finishing time of the busiest thread when `threads` threads take the items largest
-// first (each the next free thread), against an even share: 1 is perfect balance.
+// The finishing time of the busiest thread when `threads` threads take the items in
+// largest_first's order (each the next free thread), against an even share: 1 is perfect balance.
 double largest_first_imbalance(const std::vector<Item>& items, int64_t real_tiles, int threads) {
-  std::vector<int64_t> sizes;
   int64_t total = 0;
-  for (const Item& item : items) {
-    sizes.push_back(item_tiles(item, real_tiles));
-    total += sizes.back();
-  }
+  for (const Item& item : items) total += item_tiles(item, real_tiles);
   if (total == 0) return 1.0;
-  std::sort(sizes.begin(), sizes.end(), std::greater<>());
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> load;
   for (int t = 0; t < threads; ++t) load.push(0);
   int64_t busiest = 0;
-  for (int64_t size : sizes) {
-    const int64_t done = load.top() + size;
+  for (int64_t k : largest_first(items, real_tiles)) {
+    const int64_t done = load.top() + item_tiles(items[k], real_tiles);
     load.pop();
     load.push(done);
     busiest = std::max(busiest, done);
