@@ -332,7 +332,17 @@ int run_mpi_command(const RunOptions& o, int* argc, char*** argv) {
   const std::string problem = agree_on_options(
       world, [&] { preflight(o, world.size(), world.rank()); }, agreed_options(o));
   if (!problem.empty()) {
-    if (world.rank() == 0) throw UsageError(problem);
+    // Rank 0 reports it for every rank, and the others wait at a barrier until it has: mpiexec
+    // ends the whole job as soon as one process exits non-zero, which used to cut off rank 0's
+    // message when another rank got there first.
+    if (world.rank() == 0) {
+      std::string line = fmt::format("detlogp run: error: {}", problem);
+      std::replace(line.begin(), line.end(), '\n', ' ');
+      line += '\n';
+      std::fwrite(line.data(), 1, line.size(), stderr);  // one write, as the error path below
+      std::fflush(stderr);
+    }
+    world.barrier();
     return kExitBadInput;
   }
   try {
