@@ -67,6 +67,20 @@ constexpr int kNR = kKV == 1 ? 4 : 3;
 constexpr int kMI = kN == 8 ? 6 : 4;
 constexpr int kU = kN >= 16 ? 4 : (kN == 8 ? 2 : 3);
 
+// Grows on demand and keeps its size: one per thread and buffer.
+struct LaneScratch {
+  hwy::AlignedFreeUniquePtr<float[]> data;
+  size_t size = 0;
+  float* get(size_t want) {
+    want = std::max<size_t>(want, 1);  // never null, even for an empty call
+    if (size < want) {
+      data = hwy::AllocateAligned<float>(want);
+      size = want;
+    }
+    return data.get();
+  }
+};
+
 // a * b + c with one rounding (the shard kernels' fma, lanes-inl.h).
 HWY_INLINE VF Fma(VF a, VF b, VF c) { return simd::HWY_NAMESPACE::FusedMulAdd(DF(), a, b, c); }
 
@@ -356,19 +370,6 @@ constexpr int64_t kLanesMinRows = 24;  // fewer rows, columns or elements: DotTi
 constexpr int64_t kLanesMinCols = 64;
 constexpr int64_t kLanesMinK = 512;
 
-// Grows on demand and keeps its size: one per thread and buffer.
-struct LaneScratch {
-  hwy::AlignedFreeUniquePtr<float[]> data;
-  size_t size = 0;
-  float* get(size_t want) {
-    if (size < want) {
-      data = hwy::AllocateAligned<float>(want);
-      size = want;
-    }
-    return data.get();
-  }
-};
-
 // The 8 x 8 transpose of rows r[0..7]: r[j] becomes element j of every input row.
 HWY_INLINE void Transpose8(VF (&r)[8]) {
   const DF d;
@@ -614,10 +615,12 @@ void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb
   }
 }
 
-// MI outputs x kU vectors of one hidden chunk, chains over all nj.
+// MI outputs x kU vectors of one hidden block, chains over all nj: coefficient j of output i at
+// coef[j * kMI + i] (packed), the block's v rows at v[j * kStep].
 template <int MI>
-HWY_INLINE void ChainBlock(const float* coef, int64_t ci, int64_t cj, int64_t nj, const float* v,
-                           int64_t ldv, float* y, int64_t ldy, bool from_zero) {
+HWY_INLINE void ChainBlock(const float* coef, int64_t nj, const float* v, float* y, int64_t ldy,
+                           bool from_zero) {
+  constexpr int64_t kStep = kU * kN;
   const DF d;
   VF acc[MI][kU];
   for (int i = 0; i < MI; ++i) {
@@ -627,9 +630,9 @@ HWY_INLINE void ChainBlock(const float* coef, int64_t ci, int64_t cj, int64_t nj
   }
   for (int64_t j = 0; j < nj; ++j) {
     VF vv[kU];
-    for (int u = 0; u < kU; ++u) vv[u] = hn::LoadU(d, v + j * ldv + u * kN);
+    for (int u = 0; u < kU; ++u) vv[u] = hn::LoadU(d, v + j * kStep + u * kN);
     for (int i = 0; i < MI; ++i) {
-      const VF c = hn::Set(d, coef[i * ci + j * cj]);
+      const VF c = hn::Set(d, coef[j * kMI + i]);
       for (int u = 0; u < kU; ++u) acc[i][u] = Fma(c, vv[u], acc[i][u]);
     }
   }
@@ -638,59 +641,68 @@ HWY_INLINE void ChainBlock(const float* coef, int64_t ci, int64_t cj, int64_t nj
   }
 }
 
-// Packed panels of every column block at most this large: the output blocks run outside, each
-// along its own rows (y streams row by row), over panels that stay in L2.
-constexpr int64_t kWholePanelBytes = int64_t{512} << 10;
+// The packed panels of one chunk of hidden blocks, at most this large: they stay in L2 while
+// every output block runs over them.
+constexpr int64_t kChunkPanelBytes = int64_t{256} << 10;
 
 void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, const float* v,
            int64_t ldv, int64_t width, float* y, int64_t ldy, bool from_zero) {
   constexpr int64_t kStep = kU * kN;
   const int64_t vec_width = width / kStep * kStep;
   // The rows of v are usually a whole hidden size apart (16 KiB for H = 4096): read in place,
-  // every row of a column block lands in the same L1 set. Each column block is first packed
-  // into a contiguous [nj, kStep] panel that stays in L1 while an output block runs over it.
-  // When every panel fits in L2 together (the grad_weight chain over a row block's tokens),
-  // all are packed first and each output block walks its rows of y once, left to right (rows of
-  // y a hidden size apart, visited column block by column block, miss the cache one by one).
+  // every row of a column block would land in the same L1 set. So the hidden blocks are taken
+  // a chunk at a time: the chunk's columns of v are packed into contiguous [nj, kStep] panels
+  // that stay in L2 together, then each output block walks its rows of y along the chunk (a
+  // few sequential streams the prefetcher follows, where a column block at a time would touch
+  // each row of y once per block, a cache miss a hidden size away from the last).
   // Each output element is still its own chain over j in order: the loop order changes no bit.
   const int64_t blocks = vec_width / kStep;
-  const bool whole = nj * vec_width * static_cast<int64_t>(sizeof(float)) <= kWholePanelBytes;
-  std::vector<float> panel(static_cast<size_t>(nj * kStep * (whole ? blocks : 1)));
-  auto pack = [&](int64_t block, float* dst) {
+  const int64_t panel_floats = std::max<int64_t>(nj, 1) * kStep;
+  const int64_t chunk =
+      std::clamp<int64_t>(kChunkPanelBytes / (panel_floats * static_cast<int64_t>(sizeof(float))),
+                          1, std::max<int64_t>(blocks, 1));
+  // The coefficients too, once per call: each group of kMI outputs gets its [nj, kMI] panel,
+  // so a step reads its kMI coefficients from one line (strided reads in place cost an
+  // address register per output, more than AVX2's general registers hold).
+  const int64_t groups = (ni + kMI - 1) / kMI;
+  thread_local LaneScratch coef_scratch, panel_scratch;
+  float* coef_panel = coef_scratch.get(static_cast<size_t>(groups * nj * kMI));
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t mi = std::min<int64_t>(kMI, ni - g * kMI);
+    float* dst = coef_panel + g * nj * kMI;
     for (int64_t j = 0; j < nj; ++j) {
-      std::memcpy(dst + j * kStep, v + j * ldv + block * kStep, kStep * sizeof(float));
+      for (int64_t i = 0; i < mi; ++i) dst[j * kMI + i] = coef[(g * kMI + i) * ci + j * cj];
     }
+  }
+  float* panel = panel_scratch.get(static_cast<size_t>(panel_floats * chunk));
+  // Output rows [i, i + mi) over hidden block `block`: kMI at once, the last rows 4, 2, then 1
+  // at a time (each still sharing its loads).
+  auto run = [&](int64_t g, int64_t block, const float* p) {
+    const float* c = coef_panel + g * nj * kMI;
+    float* out = y + g * kMI * ldy + block * kStep;
+    const int64_t mi = std::min<int64_t>(kMI, ni - g * kMI);
+    if (mi == kMI) {
+      ChainBlock<kMI>(c, nj, p, out, ldy, from_zero);
+      return;
+    }
+    int64_t i = 0;
+    for (; kMI > 4 && i + 4 <= mi; i += 4)
+      ChainBlock<4>(c + i, nj, p, out + i * ldy, ldy, from_zero);
+    for (; kMI > 2 && i + 2 <= mi; i += 2)
+      ChainBlock<2>(c + i, nj, p, out + i * ldy, ldy, from_zero);
+    for (; i < mi; ++i) ChainBlock<1>(c + i, nj, p, out + i * ldy, ldy, from_zero);
   };
-  auto run = [&](int64_t i, int64_t block, const float* p) {
-    if (i + kMI <= ni) {
-      ChainBlock<kMI>(coef + i * ci, ci, cj, nj, p, kStep, y + i * ldy + block * kStep, ldy,
-                      from_zero);
-    } else {  // the last rows: blocks of 4, 2, then 1 (each still shares its loads)
-      for (; kMI > 4 && i + 4 <= ni; i += 4) {
-        ChainBlock<4>(coef + i * ci, ci, cj, nj, p, kStep, y + i * ldy + block * kStep, ldy,
-                      from_zero);
-      }
-      for (; kMI > 2 && i + 2 <= ni; i += 2) {
-        ChainBlock<2>(coef + i * ci, ci, cj, nj, p, kStep, y + i * ldy + block * kStep, ldy,
-                      from_zero);
-      }
-      for (; i < ni; ++i) {
-        ChainBlock<1>(coef + i * ci, ci, cj, nj, p, kStep, y + i * ldy + block * kStep, ldy,
-                      from_zero);
+  for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
+    const int64_t nb = std::min(chunk, blocks - b0);
+    // Row by row of v (sequential reads the prefetcher follows), into the chunk's panels.
+    for (int64_t j = 0; j < nj; ++j) {
+      const float* src = v + j * ldv + b0 * kStep;
+      for (int64_t b = 0; b < nb; ++b) {
+        std::memcpy(panel + b * panel_floats + j * kStep, src + b * kStep, kStep * sizeof(float));
       }
     }
-  };
-  if (whole) {
-    for (int64_t block = 0; block < blocks; ++block) pack(block, panel.data() + block * nj * kStep);
-    for (int64_t i = 0; i < ni; i += kMI) {
-      for (int64_t block = 0; block < blocks; ++block) {
-        run(i, block, panel.data() + block * nj * kStep);
-      }
-    }
-  } else {
-    for (int64_t block = 0; block < blocks; ++block) {
-      pack(block, panel.data());
-      for (int64_t i = 0; i < ni; i += kMI) run(i, block, panel.data());
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t b = 0; b < nb; ++b) run(g, b0 + b, panel + b * panel_floats);
     }
   }
   // Hidden tail: the same chains one element at a time.
