@@ -136,6 +136,42 @@ TEST(FusedDotKernels, LaneGemmTilesMatchTheScalarCanonOnEveryTarget) {
   }
 }
 
+TEST(FusedDotKernels, RowsPackedOnceGiveEveryTilesBitsOnEveryTarget) {
+  // The op packs a row block's hidden rows once (pack_rows) and runs every vocabulary tile on
+  // them (dot_packed): rows in one, two and three lane groups with and without a last group
+  // under 24 rows, tiles wide and narrow (under 64 columns the tile runs without the packing),
+  // k under and over the lane GEMM's 512, special values; several tiles on one packing.
+  const int64_t shapes[][3] = {{5, 70, 600},     {24, 64, 512},  {96, 128, 520}, {100, 10, 530},
+                               {121, 130, 1030}, {200, 70, 513}, {216, 64, 600}, {40, 80, 300}};
+  for (const auto& [m, n, k] : shapes) {
+    const int64_t lda = k + 5, ldb = k + 3, ldo = n + 1;
+    const int64_t tiles = 3;  // tile t: rows [t, t + n) of b
+    std::vector<float> a = random_values(static_cast<std::size_t>(m * lda), 21 + k + m);
+    std::vector<float> b = random_values(static_cast<std::size_t>((n + tiles) * ldb), 600 + n);
+    for (int64_t j = 0; j < k; ++j) a[(m - 1) * lda + j] = -1e-30f, b[j] = 1e-30f;
+    a[k - 1] = std::numeric_limits<float>::quiet_NaN();
+    b[2 * ldb + 17] = std::numeric_limits<float>::infinity();
+    for (const DotOps* ops : every_kernel()) {
+      PackedRows rows;
+      ops->pack_rows(a.data(), lda, m, k, rows);
+      for (int64_t t = 0; t < tiles; ++t) {
+        std::vector<float> out(static_cast<std::size_t>(m * ldo), 7.0f);
+        ops->dot_packed(rows, b.data() + t * ldb, ldb, n, out.data(), ldo);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float want =
+                canon::canonical_dot(a.data() + i * lda, b.data() + (t + j) * ldb, k);
+            ASSERT_EQ(bits(want), bits(out[i * ldo + j]))
+                << ops->name << " m=" << m << " n=" << n << " k=" << k << " tile " << t << " (" << i
+                << ", " << j << ")";
+          }
+          ASSERT_EQ(out[i * ldo + n], 7.0f) << ops->name << " wrote past the tile";
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedDotKernels, LargeStridedChainsMatchTheScalarCanonOnEveryTarget) {
   // Chains over many values of a wide hidden size (values [nj, width] of 140 x 1030 floats,
   // 564 KiB: more than a SIMD kernel packs at once) and over a few (a row block's tokens), with

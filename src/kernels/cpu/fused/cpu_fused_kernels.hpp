@@ -77,6 +77,7 @@ struct Scratch {
   std::vector<int64_t> target;  // [row_block] each row's target column in the tile, or -1
   std::vector<float> gw;        // [W, H] grad_weight chains of one tile (a single row block)
   std::vector<NodePartial> leaf;
+  PackedRows rows;  // the row block's hidden rows, prepared once for every tile (pack_row_block)
 };
 
 // The hidden states in fp32: the caller's memory for fp32, a widened copy otherwise.
@@ -100,10 +101,14 @@ inline std::pair<int64_t, int64_t> tile_columns(const FusedShard& shard, int64_t
                                                         shard.vocab_start + shard.weight.rows})};
 }
 
-// The logits of tile t's columns (tile_columns) for rows [r0, r0 + m) into s.z ([m, W], row
-// stride W); returns their count. *w_out / *ldw_out (when not null) get their fp32 weight rows.
-int64_t tile_logits(const DotOps& ops, const FusedShard& shard, const Hidden32& h, int64_t t,
-                    int64_t r0, int64_t m, Scratch& s, const float** w_out = nullptr,
-                    int64_t* ldw_out = nullptr);
+// Prepares hidden rows [r0, r0 + m) in s.rows for tile_logits over every tile of a row block.
+void pack_row_block(const DotOps& ops, const Hidden32& h, int64_t r0, int64_t m, int64_t k,
+                    Scratch& s);
+
+// The logits of tile t's columns (tile_columns) for the rows of s.rows (pack_row_block) into s.z
+// ([m, W], row stride W); returns their count. *w_out / *ldw_out (when not null) get their fp32
+// weight rows.
+int64_t tile_logits(const DotOps& ops, const FusedShard& shard, int64_t t, Scratch& s,
+                    const float** w_out = nullptr, int64_t* ldw_out = nullptr);
 
 }  // namespace detlogp::fused

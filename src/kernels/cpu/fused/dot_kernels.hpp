@@ -22,11 +22,43 @@ using ChainFn = void (*)(const float* coef, int64_t ci, int64_t cj, int64_t ni, 
                          const float* v, int64_t ldv, int64_t width, float* y, int64_t ldy,
                          bool from_zero);
 
+// A block of rows prepared once for the dot products of many tiles (the op's row block against
+// each vocabulary tile). A kernel may pack them (AVX2's lane GEMM does, lane-major, so the
+// packing is paid once per row block instead of once per tile), or only record where they are.
+// The rows must stay unchanged while it is used.
+struct PackedRows {
+  const float* a = nullptr;  // row i at a + i * lda, k elements
+  int64_t lda = 0;
+  int64_t m = 0;
+  int64_t k = 0;
+  bool packed = false;  // storage holds the kernel's packed copy
+  std::vector<float> storage;
+  int64_t offset = 0;  // floats from storage.data() to the aligned packed data
+  const float* packed_data() const { return storage.data() + offset; }
+};
+
+// Records rows [0, m) of a (and packs them, for a kernel that does).
+using PackRowsFn = void (*)(const float* a, int64_t lda, int64_t m, int64_t k, PackedRows& rows);
+// dot_tile on prepared rows: out[i * ldo + j] = canonical_dot(row i, b + j * ldb, rows.k).
+using DotPackedFn = void (*)(const PackedRows& rows, const float* b, int64_t ldb, int64_t n,
+                             float* out, int64_t ldo);
+
+// The PackRowsFn of a kernel that packs nothing.
+inline void record_rows(const float* a, int64_t lda, int64_t m, int64_t k, PackedRows& rows) {
+  rows.a = a;
+  rows.lda = lda;
+  rows.m = m;
+  rows.k = k;
+  rows.packed = false;
+}
+
 struct DotOps {
   std::string name;         // "scalar-reference" or "highway:<TARGET>"
   bool native_fma = false;  // false: fma emulated per lane (correct, slower)
   DotTileFn dot_tile = nullptr;
   ChainFn chain = nullptr;
+  PackRowsFn pack_rows = nullptr;
+  DotPackedFn dot_packed = nullptr;
   // The register-blocked tile without AVX2's lane GEMM (the AVX-512 and SSE4 choice): the same
   // bits, kept for the kernel benchmark's A/B and its bitwise test.
   DotTileFn dot_tile_unblocked = nullptr;

@@ -28,12 +28,22 @@ void reference_chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int6
   }
 }
 
+void reference_dot_packed(const PackedRows& rows, const float* b, int64_t ldb, int64_t n,
+                          float* out, int64_t ldo) {
+  reference_dot_tile(rows.a, rows.lda, rows.m, b, ldb, n, rows.k, out, ldo);
+}
+
 }  // namespace
 
 const DotOps& reference_dot_ops() {
-  static const DotOps ops{"scalar-reference",  true,
-                          &reference_dot_tile, &reference_chain,
-                          &reference_dot_tile, &reference_dot_tile};
+  static const DotOps ops{.name = "scalar-reference",
+                          .native_fma = true,
+                          .dot_tile = &reference_dot_tile,
+                          .chain = &reference_chain,
+                          .pack_rows = &record_rows,
+                          .dot_packed = &reference_dot_packed,
+                          .dot_tile_unblocked = &reference_dot_tile,
+                          .dot_tile_halves = &reference_dot_tile};
   return ops;
 }
 

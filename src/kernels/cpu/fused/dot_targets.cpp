@@ -533,29 +533,39 @@ HWY_INLINE void FoldPlanes(const float* planes, int64_t mp, int64_t m, int64_t n
   }
 }
 
-// Rows [0, m) (m <= kLaneRows) x columns [0, n) (n <= kLaneCols) of the lane GEMM.
-void DotTileLanesGroup(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb,
-                       int64_t n, int64_t k, float* out, int64_t ldo) {
+// Floats between lane blocks of the packed rows and between their panels, for k elements. Lane
+// blocks are 64 bytes more than a multiple of 4 KiB apart: the packing's stores to the 8 lanes
+// of a transpose would otherwise alias each other and the next loads (4K aliasing).
+constexpr int64_t LaneStride(int64_t kp) { return kp * kLP + canon::kDotLanes; }
+constexpr int64_t PanelStride(int64_t kp) { return canon::kDotLanes * LaneStride(kp); }
+
+// Packs rows [0, m) (m <= kLaneRows) lane-major into xpack: [panel][16][kp][kLP rows], +0 past
+// k and past m.
+void PackRowLanes(const float* a, int64_t lda, int64_t m, int64_t k, float* xpack) {
+  const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
+  const int64_t mp = (m + kLP - 1) / kLP * kLP;
+  for (int64_t r = 0; r < mp; r += 8) {
+    PackLanes8(a + r * lda, lda, std::clamp<int64_t>(m - r, 0, 8), k, kp,
+               xpack + (r / kLP) * PanelStride(kp) + r % kLP, LaneStride(kp), kLP);
+  }
+}
+
+// Rows [0, m) (m <= kLaneRows, packed by PackRowLanes) x columns [0, n) (n <= kLaneCols) of the
+// lane GEMM.
+void DotLanesPacked(const float* xpack, int64_t m, const float* b, int64_t ldb, int64_t n,
+                    int64_t k, float* out, int64_t ldo) {
   const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
   const int64_t full = k / canon::kDotLanes;  // chunks of 16 real elements, read in place
-  const int64_t panels = (m + kLP - 1) / kLP;
-  const int64_t mp = panels * kLP;
+  const int64_t mp = (m + kLP - 1) / kLP * kLP;
   const int64_t blocks = (n + kLC - 1) / kLC;
-  // Lane blocks 64 bytes more than a multiple of 4 KiB apart: the packing's stores to the 8
-  // lanes of a transpose would otherwise alias each other and the next loads (4K aliasing).
-  const int64_t xls = kp * kLP + canon::kDotLanes;
-  const int64_t xps = canon::kDotLanes * xls;
+  const int64_t xls = LaneStride(kp);
+  const int64_t xps = PanelStride(kp);
   const int64_t wls = kp * kLC + canon::kDotLanes;  // + the overlapping stores' slack
   const int64_t wbs = canon::kDotLanes * wls;
   const int64_t bps = canon::kDotLanes * kLC * mp;  // one column block's lane planes
-  thread_local LaneScratch xs, ts, ws, ps;
-  float* xpack = xs.get(static_cast<size_t>(panels * xps));   // [panel][16][kp][16 rows]
+  thread_local LaneScratch ts, ws, ps;
   float* wpack = ws.get(static_cast<size_t>(blocks * wbs));   // [block][16][kp][kLC]
   float* planes = ps.get(static_cast<size_t>(blocks * bps));  // [block][16][kLC][mp]
-  for (int64_t r = 0; r < mp; r += 8) {
-    PackLanes8(a + r * lda, lda, std::clamp<int64_t>(m - r, 0, 8), k, kp,
-               xpack + (r / kLP) * xps + r % kLP, xls, kLP);
-  }
   // The weight rows' last chunk past k: zero-padded copies (the canon's padding).
   float* wtail = ts.get(static_cast<size_t>(n * canon::kDotLanes));  // read only past `full`
   if (full < kp) {
@@ -589,14 +599,54 @@ void DotTileLanesGroup(const float* a, int64_t lda, int64_t m, const float* b, i
 // run DotTileHalves (a lane GEMM of a few rows is slower than it).
 void DotTileLanes(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
                   int64_t k, float* out, int64_t ldo) {
+  const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
+  thread_local LaneScratch xs;
+  float* xpack = xs.get(static_cast<size_t>(kLaneRows / kLP * PanelStride(kp)));
   int64_t r0 = 0;
   for (; r0 + kLanesMinRows <= m; r0 += kLaneRows) {
+    const int64_t mg = std::min(kLaneRows, m - r0);
+    PackRowLanes(a + r0 * lda, lda, mg, k, xpack);
     for (int64_t c0 = 0; c0 < n; c0 += kLaneCols) {
-      DotTileLanesGroup(a + r0 * lda, lda, std::min(kLaneRows, m - r0), b + c0 * ldb, ldb,
-                        std::min(kLaneCols, n - c0), k, out + r0 * ldo + c0, ldo);
+      DotLanesPacked(xpack, mg, b + c0 * ldb, ldb, std::min(kLaneCols, n - c0), k,
+                     out + r0 * ldo + c0, ldo);
     }
   }
   if (r0 < m) DotTileHalves(a + r0 * lda, lda, m - r0, b, ldb, n, k, out + r0 * ldo, ldo);
+}
+
+// Every group of kLaneRows rows packed once (DotPacked then runs DotTileLanes' groups on them).
+void PackRowGroups(const float* a, int64_t lda, int64_t m, int64_t k, PackedRows& rows) {
+  const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
+  const int64_t group = kLaneRows / kLP * PanelStride(kp);
+  const int64_t groups = m < kLanesMinRows ? 0 : (m - kLanesMinRows) / kLaneRows + 1;
+  constexpr int64_t kAlign = 64 / sizeof(float);  // floats per 64 bytes
+  rows.storage.resize(static_cast<size_t>(groups * group + kAlign));
+  const auto address = reinterpret_cast<uintptr_t>(rows.storage.data());
+  rows.offset = static_cast<int64_t>((64 - address % 64) % 64 / sizeof(float));
+  float* xpack = rows.storage.data() + rows.offset;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t r0 = g * kLaneRows;
+    PackRowLanes(a + r0 * lda, lda, std::min(kLaneRows, m - r0), k, xpack + g * group);
+  }
+  rows.packed = true;
+}
+
+void DotLanesOnPacked(const PackedRows& rows, const float* b, int64_t ldb, int64_t n, float* out,
+                      int64_t ldo) {
+  const int64_t kp = (rows.k + canon::kDotLanes - 1) / canon::kDotLanes;
+  const int64_t group = kLaneRows / kLP * PanelStride(kp);
+  const int64_t m = rows.m;
+  int64_t r0 = 0;
+  for (; r0 + kLanesMinRows <= m; r0 += kLaneRows) {
+    const float* xpack = rows.packed_data() + r0 / kLaneRows * group;
+    for (int64_t c0 = 0; c0 < n; c0 += kLaneCols) {
+      DotLanesPacked(xpack, std::min(kLaneRows, m - r0), b + c0 * ldb, ldb,
+                     std::min(kLaneCols, n - c0), rows.k, out + r0 * ldo + c0, ldo);
+    }
+  }
+  if (r0 < m) {
+    DotTileHalves(rows.a + r0 * rows.lda, rows.lda, m - r0, b, ldb, n, rows.k, out + r0 * ldo, ldo);
+  }
 }
 #endif  // HWY_TARGET == HWY_AVX2
 
@@ -613,6 +663,26 @@ void DotTile(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb
   } else {
     DotTileUnblocked(a, lda, m, b, ldb, n, k, out, ldo);
   }
+}
+
+// The rows of the op's row block, packed once for every tile when DotTile would take the lane
+// GEMM for them.
+void PackRows(const float* a, int64_t lda, int64_t m, int64_t k, PackedRows& rows) {
+  record_rows(a, lda, m, k, rows);
+#if HWY_TARGET == HWY_AVX2
+  if (m >= kLanesMinRows && k >= kLanesMinK) PackRowGroups(a, lda, m, k, rows);
+#endif
+}
+
+void DotPacked(const PackedRows& rows, const float* b, int64_t ldb, int64_t n, float* out,
+               int64_t ldo) {
+#if HWY_TARGET == HWY_AVX2
+  if (rows.packed && n >= kLanesMinCols) {
+    DotLanesOnPacked(rows, b, ldb, n, out, ldo);
+    return;
+  }
+#endif
+  DotTile(rows.a, rows.lda, rows.m, b, ldb, n, rows.k, out, ldo);
 }
 
 // MI outputs x kU vectors of one hidden block, chains over all nj: coefficient j of output i at
@@ -718,12 +788,14 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
 }
 
 const DotOps* GetDotOps() {
-  static const DotOps ops{std::string("highway:") + hwy::TargetName(HWY_TARGET),
-                          HWY_NATIVE_FMA != 0,
-                          &DotTile,
-                          &Chain,
-                          &DotTileUnblocked,
-                          kKV == 2 ? &DotTileHalves : &DotTileUnblocked};
+  static const DotOps ops{.name = std::string("highway:") + hwy::TargetName(HWY_TARGET),
+                          .native_fma = HWY_NATIVE_FMA != 0,
+                          .dot_tile = &DotTile,
+                          .chain = &Chain,
+                          .pack_rows = &PackRows,
+                          .dot_packed = &DotPacked,
+                          .dot_tile_unblocked = &DotTileUnblocked,
+                          .dot_tile_halves = kKV == 2 ? &DotTileHalves : &DotTileUnblocked};
   return &ops;
 }
 

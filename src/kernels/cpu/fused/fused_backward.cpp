@@ -145,11 +145,12 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
     for (int64_t r0 = 0; r0 < rows; r0 += shard.row_block) {
       const int64_t m = std::min(shard.row_block, rows - r0);
       TreeStack<std::vector<float>, decltype(merge)> stack(merge);
+      pack_row_block(ops_, h32, r0, m, hs, s);
       for (int64_t t = t0; t < t1; ++t) {
         const float* wt = nullptr;
         int64_t ldw = 0;
         const int64_t c0 = tile_columns(shard, t).first;
-        const int64_t count = tile_logits(ops_, shard, h32, t, r0, m, s, &wt, &ldw);
+        const int64_t count = tile_logits(ops_, shard, t, s, &wt, &ldw);
         tile_gradient(shard_, shard, in, r0, m, c0, count, s);
         if (want_weight) {
           // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.

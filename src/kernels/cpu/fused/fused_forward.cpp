@@ -108,16 +108,20 @@ const float* weight_rows(const LogitsView& weight, int64_t first, int64_t count,
   return s.w32.data();
 }
 
-int64_t tile_logits(const DotOps& ops, const FusedShard& shard, const Hidden32& h, int64_t t,
-                    int64_t r0, int64_t m, Scratch& s, const float** w_out, int64_t* ldw_out) {
+void pack_row_block(const DotOps& ops, const Hidden32& h, int64_t r0, int64_t m, int64_t k,
+                    Scratch& s) {
+  ops.pack_rows(h.data + r0 * h.stride, h.stride, m, k, s.rows);
+}
+
+int64_t tile_logits(const DotOps& ops, const FusedShard& shard, int64_t t, Scratch& s,
+                    const float** w_out, int64_t* ldw_out) {
   const int64_t w = shard.geometry.tile_width;
   const auto [c0, c1] = tile_columns(shard, t);
   const int64_t count = c1 - c0;
   int64_t ldw = 0;
   const float* wt = weight_rows(shard.weight, c0 - shard.vocab_start, count, s, &ldw);
-  s.z.resize(static_cast<size_t>(m * w));
-  ops.dot_tile(h.data + r0 * h.stride, h.stride, m, wt, ldw, count, shard.weight.cols, s.z.data(),
-               w);
+  s.z.resize(static_cast<size_t>(s.rows.m * w));
+  ops.dot_packed(s.rows, wt, ldw, count, s.z.data(), w);
   if (w_out != nullptr) *w_out = wt;
   if (ldw_out != nullptr) *ldw_out = ldw;
   return count;
@@ -142,8 +146,9 @@ void item_partials(const DotOps& ops, const ShardKernels& shard_kernels, const F
     const int64_t m = std::min(shard.row_block, rows - r0);
     std::vector<Stack> stacks(static_cast<size_t>(m), Stack(merge));
     s.leaf.resize(static_cast<size_t>(m));
+    pack_row_block(ops, h, r0, m, shard.hidden.cols, s);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t count = tile_logits(ops, shard, h, t, r0, m, s);
+      const int64_t count = tile_logits(ops, shard, t, s);
       const LogitsView zt{
           .data = s.z.data(), .dtype = DType::fp32, .rows = m, .cols = count, .row_stride = w};
       const ShardSpec spec{
