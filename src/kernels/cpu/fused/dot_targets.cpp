@@ -765,10 +765,14 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
   for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
     const int64_t nb = std::min(chunk, blocks - b0);
     // Row by row of v (sequential reads the prefetcher follows), into the chunk's panels.
+    const DF d;
     for (int64_t j = 0; j < nj; ++j) {
       const float* src = v + j * ldv + b0 * kStep;
+      float* dst = panel + j * kStep;
       for (int64_t b = 0; b < nb; ++b) {
-        std::memcpy(panel + b * panel_floats + j * kStep, src + b * kStep, kStep * sizeof(float));
+        for (int u = 0; u < kU; ++u) {
+          hn::Store(hn::LoadU(d, src + b * kStep + u * kN), d, dst + b * panel_floats + u * kN);
+        }
       }
     }
     for (int64_t g = 0; g < groups; ++g) {
