@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -69,13 +70,32 @@ inline std::pair<int64_t, int64_t> real_tiles_of(const TreeNode& node, int64_t r
   return {node.first_tile(), std::min(node.end_tile(), real_tiles)};
 }
 
+// Floats left uninitialised, for buffers whose every element is written before it is read
+// (zero-filling them cost a pass over memory the kernel then overwrites). Grows on demand.
+class FloatBuffer {
+ public:
+  float* get(size_t n) {
+    if (n > size_) {
+      data_.reset(new float[n]);
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  size_t size_ = 0;
+};
+
 // Per-thread scratch of the tile loop.
 struct Scratch {
   std::vector<float> w32;       // [W, H] the tile's weight rows in fp32 (bf16/fp16 inputs)
   std::vector<float> z;         // [row_block, W] the tile's logits
   std::vector<float> g;         // [row_block, W] their gradient
   std::vector<int64_t> target;  // [row_block] each row's target column in the tile, or -1
-  std::vector<float> gw;        // [W, H] grad_weight chains of one tile (a single row block)
+  // fp32 grad_weight chains for bf16 / fp16 outputs: [W, H] of one tile (a single row block)
+  // or the item's rows; kept for the thread's next items (the largest runs first).
+  FloatBuffer gw;
   std::vector<NodePartial> leaf;
   PackedRows rows;  // the row block's hidden rows, prepared once for every tile (pack_row_block)
 };

@@ -76,7 +76,9 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
   const std::vector<Item> items = split_items(nodes, real_tiles, threads0);
   const int threads = resolve_threads(exec.threads, static_cast<int64_t>(items.size()));
   const size_t plane = static_cast<size_t>(rows * hs);  // one [rows, H] grad_hidden sum
-  std::vector<float> item_hidden(want_hidden ? items.size() * plane : 0);
+  // Every row block of every item writes its rows: no zero fill.
+  FloatBuffer item_hidden_buffer;
+  float* item_hidden = item_hidden_buffer.get(want_hidden ? items.size() * plane : 0);
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
   const bool weight_direct = want_weight && grad_weight.dtype == DType::fp32;
   // A shard may start or end inside a tile only for grad_weight (a chain per column): a tile's
@@ -101,18 +103,16 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
     // grad_weight chains of this item's rows: the output itself (fp32), or an fp32 scratch of
     // one tile when a single row block finishes every chain at once, else of the whole item.
     const bool per_tile = want_weight && !weight_direct && rows <= shard.row_block;
-    std::vector<float> gw_scratch;
     float* gw = nullptr;
     int64_t ldgw = hs;
     if (want_weight) {
       if (per_tile) {
-        s.gw.resize(static_cast<size_t>(w * hs));
+        gw = s.gw.get(static_cast<size_t>(w * hs));
       } else if (weight_direct) {
         gw = static_cast<float*>(grad_weight.data) + local_first * grad_weight.row_stride;
         ldgw = grad_weight.row_stride;
       } else {
-        gw_scratch.resize(static_cast<size_t>(local_rows * hs));
-        gw = gw_scratch.data();
+        gw = s.gw.get(static_cast<size_t>(local_rows * hs));
       }
     }
     // Rows [first, first + count) of the shard's grad_weight, their chains complete in y (row
@@ -154,7 +154,7 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
         tile_gradient(shard_, shard, in, r0, m, c0, count, s);
         if (want_weight) {
           // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.
-          float* y = per_tile ? s.gw.data() : gw + (c0 - shard.vocab_start - local_first) * ldgw;
+          float* y = per_tile ? gw : gw + (c0 - shard.vocab_start - local_first) * ldgw;
           ops_.chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs, y,
                      ldgw, r0 == 0);
           // The last row block finishes the tile's chains: its rows are final while still in
@@ -169,7 +169,7 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
       }
       if (want_hidden) {
         std::vector<float> sum = stack.finish();
-        std::memcpy(item_hidden.data() + k * plane + r0 * hs, sum.data(),
+        std::memcpy(item_hidden + k * plane + r0 * hs, sum.data(),
                     static_cast<size_t>(m * hs) * sizeof(float));
         pool.push_back(std::move(sum));
       }
@@ -192,7 +192,7 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
   for (std::size_t j = 0; j < nodes.size(); ++j) {
     TreeStack<float*, decltype(merge_ptr)> stack(merge_ptr);
     for (; k < items.size() && items[k].node_index == j; ++k) {
-      stack.push(items[k].node, item_hidden.data() + k * plane);
+      stack.push(items[k].node, item_hidden + k * plane);
     }
     const float* node_sum = stack.finish();
     std::memcpy(hidden_sums.data() + j * plane, node_sum, plane * sizeof(float));
