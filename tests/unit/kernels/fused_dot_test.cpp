@@ -203,6 +203,45 @@ TEST(FusedDotKernels, LargeStridedChainsMatchTheScalarCanonOnEveryTarget) {
   }
 }
 
+TEST(FusedDotKernels, ValuesPackedOnceGiveEveryChainsBitsOnEveryTarget) {
+  // The backward packs a row block's hidden rows once (pack_values) for every tile's grad_weight
+  // chain (chain_packed): values in one chunk and in several with a short last one, widths with
+  // a tail past the vector blocks, few and many outputs, both coefficient layouts, chains from
+  // +0 and continued; two coefficient sets on one packing.
+  const int64_t shapes[][3] = {{9, 140, 1030}, {130, 7, 1030}, {13, 96, 4099}, {6, 3, 20}};
+  for (const auto& [ni, nj, width] : shapes) {
+    const int64_t ldv = width + 5, ldy = width + 3;
+    const std::vector<float> v = random_values(static_cast<std::size_t>(nj * ldv), 28);
+    const std::vector<float> y0 = random_values(static_cast<std::size_t>(ni * ldy), 29);
+    for (const DotOps* ops : every_kernel()) {
+      PackedValues values;
+      ops->pack_values(v.data(), ldv, nj, width, values);
+      for (int set = 0; set < 2; ++set) {
+        const bool transposed = set == 1, from_zero = set == 0;
+        const std::vector<float> coef = random_values(static_cast<std::size_t>(ni * nj), 30 + set);
+        const int64_t ci = transposed ? 1 : nj;
+        const int64_t cj = transposed ? ni : 1;
+        std::vector<float> got = y0;
+        ops->chain_packed(coef.data(), ci, cj, ni, values, got.data(), ldy, from_zero);
+        for (int64_t i = 0; i < ni; ++i) {
+          for (int64_t h = 0; h < width; ++h) {
+            float acc = from_zero ? 0.0f : y0[i * ldy + h];
+            for (int64_t j = 0; j < nj; ++j) {
+              acc = canon::chain_step(coef[i * ci + j * cj], v[j * ldv + h], acc);
+            }
+            ASSERT_EQ(bits(acc), bits(got[i * ldy + h]))
+                << ops->name << " ni=" << ni << " nj=" << nj << " width=" << width << " set " << set
+                << " (" << i << ", " << h << ")";
+          }
+          for (int64_t h = width; h < ldy; ++h) {  // past the width: untouched
+            ASSERT_EQ(bits(y0[i * ldy + h]), bits(got[i * ldy + h])) << ops->name;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedDotKernels, UnderflowingProductsKeepTheCanonsSignedZero) {
   // Every product is -1e-60 in exact arithmetic: each lane's fma rounds to -0, and the canon's
   // padding (k = 20 -> 32) turns lanes 4..15 back to +0 before the fold.

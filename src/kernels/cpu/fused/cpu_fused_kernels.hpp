@@ -98,6 +98,7 @@ struct Scratch {
   FloatBuffer gw;
   std::vector<NodePartial> leaf;
   PackedRows rows;  // the row block's hidden rows, prepared once for every tile (pack_row_block)
+  PackedValues values;  // the same rows as every tile's grad_weight chain reads them
 };
 
 // The hidden states in fp32: the caller's memory for fp32, a widened copy otherwise.

@@ -5,6 +5,7 @@
 // (dot_reference.cpp); every one returns the same bits, tested on every target this CPU has.
 // All inputs are fp32 (bf16 and fp16 are widened exactly before they get here).
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +23,24 @@ using ChainFn = void (*)(const float* coef, int64_t ci, int64_t cj, int64_t ni, 
                          const float* v, int64_t ldv, int64_t width, float* y, int64_t ldy,
                          bool from_zero);
 
+// Floats for a kernel's packed copy, 64-byte aligned (vector loads of a whole line); kept and
+// grown across uses.
+class PackedStorage {
+ public:
+  float* get(size_t n) {
+    constexpr size_t kAlign = 64 / sizeof(float);
+    if (storage_.size() < n + kAlign) storage_.resize(n + kAlign);
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    offset_ = (64 - address % 64) % 64 / sizeof(float);
+    return storage_.data() + offset_;
+  }
+  const float* data() const { return storage_.data() + offset_; }
+
+ private:
+  std::vector<float> storage_;
+  size_t offset_ = 0;
+};
+
 // A block of rows prepared once for the dot products of many tiles (the op's row block against
 // each vocabulary tile). A kernel may pack them (AVX2's lane GEMM does, lane-major, so the
 // packing is paid once per row block instead of once per tile), or only record where they are.
@@ -32,9 +51,7 @@ struct PackedRows {
   int64_t m = 0;
   int64_t k = 0;
   bool packed = false;  // storage holds the kernel's packed copy
-  std::vector<float> storage;
-  int64_t offset = 0;  // floats from storage.data() to the aligned packed data
-  const float* packed_data() const { return storage.data() + offset; }
+  PackedStorage storage;
 };
 
 // Records rows [0, m) of a (and packs them, for a kernel that does).
@@ -52,6 +69,35 @@ inline void record_rows(const float* a, int64_t lda, int64_t m, int64_t k, Packe
   rows.packed = false;
 }
 
+// The values v [nj, width] of chains prepared once for many outputs (the row block's hidden
+// rows, for every tile's grad_weight chain): packed in the chain kernel's panels, or recorded.
+// The values must stay unchanged while it is used.
+struct PackedValues {
+  const float* v = nullptr;  // value (j, h) at v[j * ldv + h]
+  int64_t ldv = 0;
+  int64_t nj = 0;
+  int64_t width = 0;
+  bool packed = false;  // storage holds the kernel's panels
+  PackedStorage storage;
+};
+
+// Records v (and packs it, for a kernel that does).
+using PackValuesFn = void (*)(const float* v, int64_t ldv, int64_t nj, int64_t width,
+                              PackedValues& values);
+// chain on prepared values: ChainFn with nj, v, ldv and width from `values`.
+using ChainPackedFn = void (*)(const float* coef, int64_t ci, int64_t cj, int64_t ni,
+                               const PackedValues& values, float* y, int64_t ldy, bool from_zero);
+
+// The PackValuesFn of a kernel that packs nothing.
+inline void record_values(const float* v, int64_t ldv, int64_t nj, int64_t width,
+                          PackedValues& values) {
+  values.v = v;
+  values.ldv = ldv;
+  values.nj = nj;
+  values.width = width;
+  values.packed = false;
+}
+
 struct DotOps {
   std::string name;         // "scalar-reference" or "highway:<TARGET>"
   bool native_fma = false;  // false: fma emulated per lane (correct, slower)
@@ -59,6 +105,8 @@ struct DotOps {
   ChainFn chain = nullptr;
   PackRowsFn pack_rows = nullptr;
   DotPackedFn dot_packed = nullptr;
+  PackValuesFn pack_values = nullptr;
+  ChainPackedFn chain_packed = nullptr;
   // The register-blocked tile without AVX2's lane GEMM (the AVX-512 and SSE4 choice): the same
   // bits, kept for the kernel benchmark's A/B and its bitwise test.
   DotTileFn dot_tile_unblocked = nullptr;

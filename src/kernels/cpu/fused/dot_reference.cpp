@@ -33,6 +33,12 @@ void reference_dot_packed(const PackedRows& rows, const float* b, int64_t ldb, i
   reference_dot_tile(rows.a, rows.lda, rows.m, b, ldb, n, rows.k, out, ldo);
 }
 
+void reference_chain_packed(const float* coef, int64_t ci, int64_t cj, int64_t ni,
+                            const PackedValues& values, float* y, int64_t ldy, bool from_zero) {
+  reference_chain(coef, ci, cj, ni, values.nj, values.v, values.ldv, values.width, y, ldy,
+                  from_zero);
+}
+
 }  // namespace
 
 const DotOps& reference_dot_ops() {
@@ -42,6 +48,8 @@ const DotOps& reference_dot_ops() {
                           .chain = &reference_chain,
                           .pack_rows = &record_rows,
                           .dot_packed = &reference_dot_packed,
+                          .pack_values = &record_values,
+                          .chain_packed = &reference_chain_packed,
                           .dot_tile_unblocked = &reference_dot_tile,
                           .dot_tile_halves = &reference_dot_tile};
   return ops;

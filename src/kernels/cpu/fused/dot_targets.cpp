@@ -66,6 +66,7 @@ constexpr int kNR = kKV == 1 ? 4 : 3;
 // not the broadcasts, set the speed; 8 x 2 spills and 12 x 1 was slower.
 constexpr int kMI = kN == 8 ? 6 : 4;
 constexpr int kU = kN >= 16 ? 4 : (kN == 8 ? 2 : 3);
+constexpr int64_t kStep = kU * kN;  // hidden elements per chain block
 
 // Grows on demand and keeps its size: one per thread and buffer.
 struct LaneScratch {
@@ -619,11 +620,7 @@ void PackRowGroups(const float* a, int64_t lda, int64_t m, int64_t k, PackedRows
   const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
   const int64_t group = kLaneRows / kLP * PanelStride(kp);
   const int64_t groups = m < kLanesMinRows ? 0 : (m - kLanesMinRows) / kLaneRows + 1;
-  constexpr int64_t kAlign = 64 / sizeof(float);  // floats per 64 bytes
-  rows.storage.resize(static_cast<size_t>(groups * group + kAlign));
-  const auto address = reinterpret_cast<uintptr_t>(rows.storage.data());
-  rows.offset = static_cast<int64_t>((64 - address % 64) % 64 / sizeof(float));
-  float* xpack = rows.storage.data() + rows.offset;
+  float* xpack = rows.storage.get(static_cast<size_t>(groups * group));
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t r0 = g * kLaneRows;
     PackRowLanes(a + r0 * lda, lda, std::min(kLaneRows, m - r0), k, xpack + g * group);
@@ -638,7 +635,7 @@ void DotLanesOnPacked(const PackedRows& rows, const float* b, int64_t ldb, int64
   const int64_t m = rows.m;
   int64_t r0 = 0;
   for (; r0 + kLanesMinRows <= m; r0 += kLaneRows) {
-    const float* xpack = rows.packed_data() + r0 / kLaneRows * group;
+    const float* xpack = rows.storage.data() + r0 / kLaneRows * group;
     for (int64_t c0 = 0; c0 < n; c0 += kLaneCols) {
       DotLanesPacked(xpack, std::min(kLaneRows, m - r0), b + c0 * ldb, ldb,
                      std::min(kLaneCols, n - c0), rows.k, out + r0 * ldo + c0, ldo);
@@ -690,7 +687,6 @@ void DotPacked(const PackedRows& rows, const float* b, int64_t ldb, int64_t n, f
 template <int MI>
 HWY_INLINE void ChainBlock(const float* coef, int64_t nj, const float* v, float* y, int64_t ldy,
                            bool from_zero) {
-  constexpr int64_t kStep = kU * kN;
   const DF d;
   VF acc[MI][kU];
   for (int i = 0; i < MI; ++i) {
@@ -715,73 +711,90 @@ HWY_INLINE void ChainBlock(const float* coef, int64_t nj, const float* v, float*
 // every output block runs over them.
 constexpr int64_t kChunkPanelBytes = int64_t{256} << 10;
 
-void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, const float* v,
-           int64_t ldv, int64_t width, float* y, int64_t ldy, bool from_zero) {
-  constexpr int64_t kStep = kU * kN;
-  const int64_t vec_width = width / kStep * kStep;
-  // The rows of v are usually a whole hidden size apart (16 KiB for H = 4096): read in place,
-  // every row of a column block would land in the same L1 set. So the hidden blocks are taken
-  // a chunk at a time: the chunk's columns of v are packed into contiguous [nj, kStep] panels
-  // that stay in L2 together, then each output block walks its rows of y along the chunk (a
-  // few sequential streams the prefetcher follows, where a column block at a time would touch
-  // each row of y once per block, a cache miss a hidden size away from the last).
-  // Each output element is still its own chain over j in order: the loop order changes no bit.
-  const int64_t blocks = vec_width / kStep;
+// The layout of the chains' values: hidden block b of v as a contiguous [nj, kStep] panel.
+// The rows of v are usually a whole hidden size apart (16 KiB for H = 4096): read in place,
+// every row of a block would land in the same L1 set.
+struct ChainPanels {
+  int64_t blocks;        // whole kStep blocks of the width (the rest: ChainTail)
+  int64_t panel_floats;  // nj * kStep
+  int64_t chunk;         // blocks per chunk: their panels stay in L2 together
+};
+
+ChainPanels ChainPanelsOf(int64_t nj, int64_t width) {
+  const int64_t blocks = width / kStep;
   const int64_t panel_floats = std::max<int64_t>(nj, 1) * kStep;
   const int64_t chunk =
       std::clamp<int64_t>(kChunkPanelBytes / (panel_floats * static_cast<int64_t>(sizeof(float))),
                           1, std::max<int64_t>(blocks, 1));
-  // The coefficients too, once per call: each group of kMI outputs gets its [nj, kMI] panel,
-  // so a step reads its kMI coefficients from one line (strided reads in place cost an
-  // address register per output, more than AVX2's general registers hold).
+  return {blocks, panel_floats, chunk};
+}
+
+// Panels of blocks [b0, b0 + nb) of v into dst (panel b - b0 at dst + (b - b0) * panel_floats),
+// row by row of v (sequential reads the prefetcher follows).
+void PackPanels(const float* v, int64_t ldv, int64_t nj, int64_t b0, int64_t nb,
+                int64_t panel_floats, float* dst) {
+  const DF d;
+  for (int64_t j = 0; j < nj; ++j) {
+    const float* src = v + j * ldv + b0 * kStep;
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int u = 0; u < kU; ++u) {
+        hn::Store(hn::LoadU(d, src + b * kStep + u * kN), d,
+                  dst + b * panel_floats + j * kStep + u * kN);
+      }
+    }
+  }
+}
+
+// The coefficients, once per call: each group of kMI outputs gets its [nj, kMI] panel, so a step
+// reads its kMI coefficients from one line (strided reads in place cost an address register per
+// output, more than AVX2's general registers hold). Thread-local; valid until the next call.
+const float* PackCoefficients(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj) {
   const int64_t groups = (ni + kMI - 1) / kMI;
-  thread_local LaneScratch coef_scratch, panel_scratch;
-  float* coef_panel = coef_scratch.get(static_cast<size_t>(groups * nj * kMI));
+  thread_local LaneScratch scratch;
+  float* panel = scratch.get(static_cast<size_t>(groups * nj * kMI));
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t mi = std::min<int64_t>(kMI, ni - g * kMI);
-    float* dst = coef_panel + g * nj * kMI;
+    float* dst = panel + g * nj * kMI;
     for (int64_t j = 0; j < nj; ++j) {
       for (int64_t i = 0; i < mi; ++i) dst[j * kMI + i] = coef[(g * kMI + i) * ci + j * cj];
     }
   }
-  float* panel = panel_scratch.get(static_cast<size_t>(panel_floats * chunk));
-  // Output rows [i, i + mi) over hidden block `block`: kMI at once, the last rows 4, 2, then 1
-  // at a time (each still sharing its loads).
-  auto run = [&](int64_t g, int64_t block, const float* p) {
+  return panel;
+}
+
+// The chains of outputs [0, ni) over hidden blocks [b0, b0 + nb), whose panels are at panels +
+// (b - b0) * panel_floats: each group of kMI outputs walks its rows of y along the blocks (a few
+// sequential streams the prefetcher follows, where a block at a time over every output would
+// touch each row of y once per block, a cache miss a hidden size away from the last).
+// Each output element is still its own chain over j in order: the loop order changes no bit.
+void ChainOverPanels(const float* coef_panel, int64_t ni, int64_t nj, const float* panels,
+                     int64_t panel_floats, int64_t b0, int64_t nb, float* y, int64_t ldy,
+                     bool from_zero) {
+  for (int64_t g = 0; g < (ni + kMI - 1) / kMI; ++g) {
     const float* c = coef_panel + g * nj * kMI;
-    float* out = y + g * kMI * ldy + block * kStep;
     const int64_t mi = std::min<int64_t>(kMI, ni - g * kMI);
-    if (mi == kMI) {
-      ChainBlock<kMI>(c, nj, p, out, ldy, from_zero);
-      return;
-    }
-    int64_t i = 0;
-    for (; kMI > 4 && i + 4 <= mi; i += 4)
-      ChainBlock<4>(c + i, nj, p, out + i * ldy, ldy, from_zero);
-    for (; kMI > 2 && i + 2 <= mi; i += 2)
-      ChainBlock<2>(c + i, nj, p, out + i * ldy, ldy, from_zero);
-    for (; i < mi; ++i) ChainBlock<1>(c + i, nj, p, out + i * ldy, ldy, from_zero);
-  };
-  for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
-    const int64_t nb = std::min(chunk, blocks - b0);
-    // Row by row of v (sequential reads the prefetcher follows), into the chunk's panels.
-    const DF d;
-    for (int64_t j = 0; j < nj; ++j) {
-      const float* src = v + j * ldv + b0 * kStep;
-      float* dst = panel + j * kStep;
-      for (int64_t b = 0; b < nb; ++b) {
-        for (int u = 0; u < kU; ++u) {
-          hn::Store(hn::LoadU(d, src + b * kStep + u * kN), d, dst + b * panel_floats + u * kN);
-        }
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* p = panels + b * panel_floats;
+      float* out = y + g * kMI * ldy + (b0 + b) * kStep;
+      if (mi == kMI) {
+        ChainBlock<kMI>(c, nj, p, out, ldy, from_zero);
+        continue;
       }
-    }
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int64_t b = 0; b < nb; ++b) run(g, b0 + b, panel + b * panel_floats);
+      int64_t i = 0;  // the last outputs: 4, 2, then 1 at a time (each still sharing its loads)
+      for (; kMI > 4 && i + 4 <= mi; i += 4)
+        ChainBlock<4>(c + i, nj, p, out + i * ldy, ldy, from_zero);
+      for (; kMI > 2 && i + 2 <= mi; i += 2)
+        ChainBlock<2>(c + i, nj, p, out + i * ldy, ldy, from_zero);
+      for (; i < mi; ++i) ChainBlock<1>(c + i, nj, p, out + i * ldy, ldy, from_zero);
     }
   }
-  // Hidden tail: the same chains one element at a time.
+}
+
+// The hidden elements [from, width) past the whole blocks: the same chains one element at a time.
+void ChainTail(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, const float* v,
+               int64_t ldv, int64_t from, int64_t width, float* y, int64_t ldy, bool from_zero) {
   for (int64_t i = 0; i < ni; ++i) {
-    for (int64_t h = vec_width; h < width; ++h) {
+    for (int64_t h = from; h < width; ++h) {
       float acc = from_zero ? 0.0f : y[i * ldy + h];
       for (int64_t j = 0; j < nj; ++j) {
         acc = canon::chain_step(coef[i * ci + j * cj], v[j * ldv + h], acc);
@@ -791,6 +804,47 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
   }
 }
 
+// Packs a chunk of blocks at a time, then runs every output over it.
+void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, const float* v,
+           int64_t ldv, int64_t width, float* y, int64_t ldy, bool from_zero) {
+  const ChainPanels cp = ChainPanelsOf(nj, width);
+  const float* coef_panel = PackCoefficients(coef, ci, cj, ni, nj);
+  thread_local LaneScratch panel_scratch;
+  float* panel = panel_scratch.get(static_cast<size_t>(cp.panel_floats * cp.chunk));
+  for (int64_t b0 = 0; b0 < cp.blocks; b0 += cp.chunk) {
+    const int64_t nb = std::min(cp.chunk, cp.blocks - b0);
+    PackPanels(v, ldv, nj, b0, nb, cp.panel_floats, panel);
+    ChainOverPanels(coef_panel, ni, nj, panel, cp.panel_floats, b0, nb, y, ldy, from_zero);
+  }
+  ChainTail(coef, ci, cj, ni, nj, v, ldv, cp.blocks * kStep, width, y, ldy, from_zero);
+}
+
+// Every block's panel packed once (the row block's hidden rows, read by every tile's chain).
+void PackValues(const float* v, int64_t ldv, int64_t nj, int64_t width, PackedValues& values) {
+  record_values(v, ldv, nj, width, values);
+  const ChainPanels cp = ChainPanelsOf(nj, width);
+  PackPanels(v, ldv, nj, 0, cp.blocks, cp.panel_floats,
+             values.storage.get(static_cast<size_t>(cp.blocks * cp.panel_floats)));
+  values.packed = true;
+}
+
+void ChainPacked(const float* coef, int64_t ci, int64_t cj, int64_t ni, const PackedValues& values,
+                 float* y, int64_t ldy, bool from_zero) {
+  const int64_t nj = values.nj;
+  if (!values.packed) {
+    Chain(coef, ci, cj, ni, nj, values.v, values.ldv, values.width, y, ldy, from_zero);
+    return;
+  }
+  const ChainPanels cp = ChainPanelsOf(nj, values.width);
+  const float* coef_panel = PackCoefficients(coef, ci, cj, ni, nj);
+  for (int64_t b0 = 0; b0 < cp.blocks; b0 += cp.chunk) {  // chunks: y's rows walked in L2's span
+    ChainOverPanels(coef_panel, ni, nj, values.storage.data() + b0 * cp.panel_floats,
+                    cp.panel_floats, b0, std::min(cp.chunk, cp.blocks - b0), y, ldy, from_zero);
+  }
+  ChainTail(coef, ci, cj, ni, nj, values.v, values.ldv, cp.blocks * kStep, values.width, y, ldy,
+            from_zero);
+}
+
 const DotOps* GetDotOps() {
   static const DotOps ops{.name = std::string("highway:") + hwy::TargetName(HWY_TARGET),
                           .native_fma = HWY_NATIVE_FMA != 0,
@@ -798,6 +852,8 @@ const DotOps* GetDotOps() {
                           .chain = &Chain,
                           .pack_rows = &PackRows,
                           .dot_packed = &DotPacked,
+                          .pack_values = &PackValues,
+                          .chain_packed = &ChainPacked,
                           .dot_tile_unblocked = &DotTileUnblocked,
                           .dot_tile_halves = kKV == 2 ? &DotTileHalves : &DotTileUnblocked};
   return &ops;

@@ -146,6 +146,7 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
       const int64_t m = std::min(shard.row_block, rows - r0);
       TreeStack<std::vector<float>, decltype(merge)> stack(merge);
       pack_row_block(ops_, h32, r0, m, hs, s);
+      if (want_weight) ops_.pack_values(h32.data + r0 * h32.stride, h32.stride, m, hs, s.values);
       for (int64_t t = t0; t < t1; ++t) {
         const float* wt = nullptr;
         int64_t ldw = 0;
@@ -155,8 +156,7 @@ void CpuFusedKernels::backward(const FusedShard& shard, std::span<const TreeNode
         if (want_weight) {
           // grad_weight(c, :) chain over tokens r0 .. r0 + m - 1, continuing from earlier blocks.
           float* y = per_tile ? gw : gw + (c0 - shard.vocab_start - local_first) * ldgw;
-          ops_.chain(s.g.data(), 1, w, count, m, h32.data + r0 * h32.stride, h32.stride, hs, y,
-                     ldgw, r0 == 0);
+          ops_.chain_packed(s.g.data(), 1, w, count, s.values, y, ldgw, r0 == 0);
           // The last row block finishes the tile's chains: its rows are final while still in
           // cache (a pass over the item's rows afterwards would read them back from memory).
           if (r0 + m == rows) finish_weight_rows(y, ldgw, c0 - shard.vocab_start, count);
