@@ -10,11 +10,13 @@
 //   AVX2 runs tiles of at least 24 x 64 x 512 as one matrix product per canon lane
 //   (DotTileLanes: each accumulator element is one lane's chain, folded across lane planes),
 //   and smaller ones with the two registers' lanes (0-7, 8-15) as separate halves over packed
-//   k chunks (DotTileHalves): one register per output leaves room for 4 x 3 blocks.
+//   k chunks (DotTileHalves): one register per output leaves room for 4 x 3 blocks. The op's
+//   row block is packed once for all its tiles (PackRows / DotPacked).
 // - Gradient chains: each output element is its own fma chain, vectorised along the hidden
-//   dimension; a block of MI outputs shares each loaded vector, and each column block of the
-//   values is packed into a contiguous panel that stays in L1 while every output block runs
-//   its chain over it.
+//   dimension; a block of MI outputs shares each loaded vector and reads its coefficients from
+//   a packed panel. The values are packed a chunk of hidden blocks at a time into contiguous
+//   panels that stay in L2 while every output block runs its chain over them (or once for many
+//   calls: PackValues / ChainPacked).
 //
 // fma is the hardware instruction where Highway's MulAdd is fused (HWY_NATIVE_FMA), std::fma
 // per lane otherwise. Never compiled with fast-math or FP contraction (-ffp-contract=off).
