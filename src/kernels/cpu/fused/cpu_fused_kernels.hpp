@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -69,23 +68,6 @@ std::vector<int64_t> largest_first(const std::vector<Item>& items, int64_t real_
 inline std::pair<int64_t, int64_t> real_tiles_of(const TreeNode& node, int64_t real_tiles) {
   return {node.first_tile(), std::min(node.end_tile(), real_tiles)};
 }
-
-// Floats left uninitialised, for buffers whose every element is written before it is read
-// (zero-filling them cost a pass over memory the kernel then overwrites). Grows on demand.
-class FloatBuffer {
- public:
-  float* get(size_t n) {
-    if (n > size_) {
-      data_.reset(new float[n]);
-      size_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  size_t size_ = 0;
-};
 
 // Per-thread scratch of the tile loop.
 struct Scratch {

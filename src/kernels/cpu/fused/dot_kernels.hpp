@@ -5,8 +5,11 @@
 // (dot_reference.cpp); every one returns the same bits, tested on every target this CPU has.
 // All inputs are fp32 (bf16 and fp16 are widened exactly before they get here).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -23,22 +26,28 @@ using ChainFn = void (*)(const float* coef, int64_t ci, int64_t cj, int64_t ni, 
                          const float* v, int64_t ldv, int64_t width, float* y, int64_t ldy,
                          bool from_zero);
 
-// Floats for a kernel's packed copy, 64-byte aligned (vector loads of a whole line); kept and
-// grown across uses.
-class PackedStorage {
+// Floats left uninitialised (every element is written before it is read: zero-filling would
+// cost a pass over memory the kernel then overwrites), 64-byte aligned for whole-line vector
+// loads; grown on demand and kept across uses (per thread, or per call).
+class FloatBuffer {
  public:
   float* get(size_t n) {
-    constexpr size_t kAlign = 64 / sizeof(float);
-    if (storage_.size() < n + kAlign) storage_.resize(n + kAlign);
-    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
-    offset_ = (64 - address % 64) % 64 / sizeof(float);
-    return storage_.data() + offset_;
+    n = std::max<size_t>(n, 1);  // never null, even for an empty call
+    if (n > size_) {
+      data_.reset(new (std::align_val_t{kAlign}) float[n]);
+      size_ = n;
+    }
+    return data_.get();
   }
-  const float* data() const { return storage_.data() + offset_; }
+  const float* data() const { return data_.get(); }
 
  private:
-  std::vector<float> storage_;
-  size_t offset_ = 0;
+  static constexpr size_t kAlign = 64;
+  struct Free {
+    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{kAlign}); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  size_t size_ = 0;
 };
 
 // A block of rows prepared once for the dot products of many tiles (the op's row block against
@@ -51,7 +60,7 @@ struct PackedRows {
   int64_t m = 0;
   int64_t k = 0;
   bool packed = false;  // storage holds the kernel's packed copy
-  PackedStorage storage;
+  FloatBuffer storage;
 };
 
 // Records rows [0, m) of a (and packs them, for a kernel that does).
@@ -78,7 +87,7 @@ struct PackedValues {
   int64_t nj = 0;
   int64_t width = 0;
   bool packed = false;  // storage holds the kernel's panels
-  PackedStorage storage;
+  FloatBuffer storage;
 };
 
 // Records v (and packs it, for a kernel that does).

@@ -39,7 +39,6 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/fused/dot_targets.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway headers after foreach_target.h.
-#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include "kernels/cpu/simd/lanes-inl.h"
 
@@ -69,20 +68,6 @@ constexpr int kNR = kKV == 1 ? 4 : 3;
 constexpr int kMI = kN == 8 ? 6 : 4;
 constexpr int kU = kN >= 16 ? 4 : (kN == 8 ? 2 : 3);
 constexpr int64_t kStep = kU * kN;  // hidden elements per chain block
-
-// Grows on demand and keeps its size: one per thread and buffer.
-struct LaneScratch {
-  hwy::AlignedFreeUniquePtr<float[]> data;
-  size_t size = 0;
-  float* get(size_t want) {
-    want = std::max<size_t>(want, 1);  // never null, even for an empty call
-    if (size < want) {
-      data = hwy::AllocateAligned<float>(want);
-      size = want;
-    }
-    return data.get();
-  }
-};
 
 // a * b + c with one rounding (the shard kernels' fma, lanes-inl.h).
 HWY_INLINE VF Fma(VF a, VF b, VF c) { return simd::HWY_NAMESPACE::FusedMulAdd(DF(), a, b, c); }
@@ -566,7 +551,7 @@ void DotLanesPacked(const float* xpack, int64_t m, const float* b, int64_t ldb, 
   const int64_t wls = kp * kLC + canon::kDotLanes;  // + the overlapping stores' slack
   const int64_t wbs = canon::kDotLanes * wls;
   const int64_t bps = canon::kDotLanes * kLC * mp;  // one column block's lane planes
-  thread_local LaneScratch ts, ws, ps;
+  thread_local FloatBuffer ts, ws, ps;
   float* wpack = ws.get(static_cast<size_t>(blocks * wbs));   // [block][16][kp][kLC]
   float* planes = ps.get(static_cast<size_t>(blocks * bps));  // [block][16][kLC][mp]
   // The weight rows' last chunk past k: zero-padded copies (the canon's padding).
@@ -603,7 +588,7 @@ void DotLanesPacked(const float* xpack, int64_t m, const float* b, int64_t ldb, 
 void DotTileLanes(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
                   int64_t k, float* out, int64_t ldo) {
   const int64_t kp = (k + canon::kDotLanes - 1) / canon::kDotLanes;
-  thread_local LaneScratch xs;
+  thread_local FloatBuffer xs;
   float* xpack = xs.get(static_cast<size_t>(kLaneRows / kLP * PanelStride(kp)));
   int64_t r0 = 0;
   for (; r0 + kLanesMinRows <= m; r0 += kLaneRows) {
@@ -752,7 +737,7 @@ void PackPanels(const float* v, int64_t ldv, int64_t nj, int64_t b0, int64_t nb,
 // output, more than AVX2's general registers hold). Thread-local; valid until the next call.
 const float* PackCoefficients(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj) {
   const int64_t groups = (ni + kMI - 1) / kMI;
-  thread_local LaneScratch scratch;
+  thread_local FloatBuffer scratch;
   float* panel = scratch.get(static_cast<size_t>(groups * nj * kMI));
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t mi = std::min<int64_t>(kMI, ni - g * kMI);
@@ -811,7 +796,7 @@ void Chain(const float* coef, int64_t ci, int64_t cj, int64_t ni, int64_t nj, co
            int64_t ldv, int64_t width, float* y, int64_t ldy, bool from_zero) {
   const ChainPanels cp = ChainPanelsOf(nj, width);
   const float* coef_panel = PackCoefficients(coef, ci, cj, ni, nj);
-  thread_local LaneScratch panel_scratch;
+  thread_local FloatBuffer panel_scratch;
   float* panel = panel_scratch.get(static_cast<size_t>(cp.panel_floats * cp.chunk));
   for (int64_t b0 = 0; b0 < cp.blocks; b0 += cp.chunk) {
     const int64_t nb = std::min(cp.chunk, cp.blocks - b0);
